@@ -1,0 +1,13 @@
+"""tdtree: a functional, immutable TensorDict for PyTorch, built on optree."""
+
+from . import errors as errors
+from . import tree as tree
+from ._keys import NestedKey as NestedKey
+from ._node import TensorDict as TensorDict
+from ._tags import Locked as Locked
+from ._tags import Memmap as Memmap
+from ._tags import Shared as Shared
+from ._tags import Tag as Tag
+from .errors import LockedError as LockedError
+
+__version__ = "0.1.0"

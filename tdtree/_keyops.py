@@ -1,0 +1,405 @@
+"""Operations on keys: lookup, the functional editors, select/exclude, flatten/unflatten.
+
+Every function takes a node and returns a new one (or a lookup result); the
+editors copy only the path to what they change, reusing every other sub-node
+and tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ._base import Node, make, sorted_data
+from ._keys import NestedKey, as_path, display
+from ._tags import Locked, tag_rule
+from ._validate import as_batch_size, as_device, build, entry, nest
+from .errors import BatchSizeError, KeyCollisionError, KeyNotFoundError, LockedError, NotANodeKeyError
+
+__all__ = [
+    "MISSING",
+    "check_unlocked",
+    "get",
+    "contains",
+    "walk",
+    "keys",
+    "values",
+    "items",
+    "set",
+    "setdefault",
+    "update",
+    "select",
+    "exclude",
+    "rename",
+    "flatten_keys",
+    "unflatten_keys",
+    "to_dict",
+    "from_dict",
+]
+
+MISSING: Any = object()
+_ALL = object()
+
+
+def check_unlocked(node: Node, op: str) -> None:
+    if Locked in type(node)._tags:
+        raise LockedError(op)
+
+
+def _not_found(path: tuple[str, ...], depth: int, level: Node) -> KeyNotFoundError:
+    return KeyNotFoundError(display(path), [display((*path[:depth], k)) for k in level._data])
+
+
+def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
+    """The entry at ``key`` (str or tuple of str); ``default`` when missing, else KeyNotFoundError."""
+    path = as_path(key)
+    value: Any = node
+    for depth, part in enumerate(path):
+        if not isinstance(value, Node):
+            raise NotANodeKeyError(display(path), display(path[:depth]))
+        level = value
+        value = level._data.get(part, MISSING)
+        if value is MISSING:
+            if default is not MISSING:
+                return default
+            raise _not_found(path, depth, level)
+    return value
+
+
+def contains(node: Node, key: object) -> bool:
+    """True when ``key`` names an entry (a leaf or a sub-node)."""
+    if type(key) is str:
+        return key in node._data
+    return get(node, key, MISSING) is not MISSING if type(key) is tuple and key else False
+
+
+def walk(node: Node, include_nested: bool, leaves_only: bool) -> Iterator[tuple[NestedKey, Any]]:
+    """(key, value) pairs depth first in canonical order, a sub-node's key before its children's."""
+    for k, v in node._data.items():
+        is_node = isinstance(v, Node)
+        if not (leaves_only and is_node):
+            yield k, v
+        if include_nested and is_node:
+            for sub, w in walk(v, True, leaves_only):
+                yield ((k, sub) if type(sub) is str else (k, *sub)), w
+
+
+def keys(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
+    if not include_nested and not leaves_only:
+        return node._data.keys()
+    return dict(walk(node, include_nested, leaves_only)).keys()
+
+
+def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
+    if not include_nested and not leaves_only:
+        return node._data.values()
+    return dict(walk(node, include_nested, leaves_only)).values()
+
+
+def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
+    if not include_nested and not leaves_only:
+        return node._data.items()
+    return dict(walk(node, include_nested, leaves_only)).items()
+
+
+def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: Any) -> Node:
+    head = path[0]
+    old = node._data
+    _, batch_size, device, _ = node._meta
+    new = dict(old)
+    if len(path) == 1:
+        new[head] = entry(full, value, batch_size, device, type(node)._root)
+    else:
+        child = old.get(head)
+        if child is None:
+            child = make(type(node), {}, batch_size, device)
+        elif not isinstance(child, Node):
+            depth = len(full) - len(path) + 1
+            raise KeyCollisionError(
+                f"cannot set {display(full)!r}: {display(full[:depth])!r} is a tensor, not a node"
+            )
+        new[head] = _set_path(child, path[1:], full, value)
+    if head not in old:
+        new = sorted_data(new)
+    return make(type(node), new, batch_size, device)
+
+
+@tag_rule
+def set(node: Node, key: NestedKey, value: Any) -> Node:
+    """A new node with ``value`` at ``key``; missing intermediate nodes are created.
+
+    Refused on a Locked node. Tags: kept only when ``value`` uses a storage the
+    node already used (the rule).
+    """
+    check_unlocked(node, "set")
+    path = as_path(key)
+    return _set_path(node, path, path, value)
+
+
+@tag_rule
+def setdefault(node: Node, key: NestedKey, default: Any) -> Node:
+    """The node itself when ``key`` exists, else ``set(key, default)``. Refused on a Locked node."""
+    check_unlocked(node, "setdefault")
+    path = as_path(key)
+    if get(node, path, MISSING) is not MISSING:
+        return node
+    return _set_path(node, path, path, default)
+
+
+def _update(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]) -> Node:
+    old = node._data
+    _, batch_size, device, _ = node._meta
+    new = dict(old)
+    for k, v in source.items():
+        path = (*prefix, k)
+        current = old.get(k)
+        if isinstance(current, Node) and isinstance(v, (Node, Mapping)):
+            sub = v._data if isinstance(v, Node) else nest(v)
+            new[k] = _update(current, sub, path)
+        else:
+            new[k] = entry(path, v, batch_size, device, type(node)._root)
+    return make(type(node), sorted_data(new), batch_size, device)
+
+
+@tag_rule
+def update(node: Node, other: Mapping[Any, Any] | Node) -> Node:
+    """A new node with the entries of ``other`` set; nested mappings merge into existing sub-nodes.
+
+    Refused on a Locked node. Tags follow the rule.
+    """
+    check_unlocked(node, "update")
+    source = other._data if isinstance(other, Node) else nest(other)
+    return _update(node, source, ())
+
+
+def _trie(paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
+    trie: dict[str, Any] = {}
+    for path in paths:
+        level = trie
+        for part in path[:-1]:
+            nxt = level.get(part)
+            if nxt is _ALL:
+                break
+            level = level.setdefault(part, {})
+        else:
+            level[path[-1]] = _ALL
+    return trie
+
+
+def _select(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> Node:
+    data = {}
+    for k, sub in trie.items():
+        v = node._data.get(k, MISSING)
+        if v is MISSING:
+            if strict:
+                raise _not_found((*prefix, k), len(prefix), node)
+            continue
+        if sub is _ALL:
+            data[k] = v
+        elif isinstance(v, Node):
+            data[k] = _select(v, sub, strict, (*prefix, k))
+        elif strict:
+            raise NotANodeKeyError(display((*prefix, k, next(iter(sub)))), display((*prefix, k)))
+    _, batch_size, device, _ = node._meta
+    return make(type(node), sorted_data(data), batch_size, device)
+
+
+@tag_rule
+def select(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
+    """A node with only ``keys`` (a union: a key and its sub-keys keep the whole key).
+
+    Missing keys raise KeyNotFoundError when ``strict``, else are ignored.
+    Tags are kept (no data is made).
+    """
+    return _select(node, _trie(tuple(as_path(k) for k in keys)), strict, ())
+
+
+def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> Node:
+    data = dict(node._data)
+    for k, sub in trie.items():
+        v = data.get(k, MISSING)
+        if v is MISSING:
+            if strict:
+                raise _not_found((*prefix, k), len(prefix), node)
+            continue
+        if sub is _ALL:
+            del data[k]
+        elif isinstance(v, Node):
+            data[k] = _exclude(v, sub, strict, (*prefix, k))
+        elif strict:
+            raise NotANodeKeyError(display((*prefix, k, next(iter(sub)))), display((*prefix, k)))
+    _, batch_size, device, _ = node._meta
+    return make(type(node), data, batch_size, device)
+
+
+@tag_rule
+def exclude(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
+    """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
+    return _exclude(node, _trie(tuple(as_path(k) for k in keys)), strict, ())
+
+
+@tag_rule
+def rename(node: Node, mapping: Mapping[NestedKey, NestedKey]) -> Node:
+    """A node with each key ``old`` of ``mapping`` moved to ``new``.
+
+    A ``new`` key that exists and is not renamed away raises KeyCollisionError.
+    Refused on a Locked node.
+    """
+    check_unlocked(node, "rename")
+    moves = [(as_path(old), as_path(new)) for old, new in mapping.items()]
+    moved = [(new, get(node, old)) for old, new in moves]
+    targets = [new for new, _ in moved]
+    if len(set(targets)) != len(targets):
+        raise KeyCollisionError(f"rename: two keys are renamed to the same key in {dict(mapping)!r}")
+    out = _exclude(node, _trie(tuple(old for old, _ in moves)), True, ())
+    for new, value in moved:
+        if get(out, new, MISSING) is not MISSING:
+            raise KeyCollisionError(f"rename: {display(new)!r} already exists; exclude it first")
+        out = _set_path(out, new, new, value)
+    return out
+
+
+@tag_rule
+def flatten_keys(node: Node, sep: str = ".") -> Node:
+    """A flat node whose keys join the nested keys with ``sep``; empty sub-nodes stay as entries.
+
+    Leaves move to the root's batch size (extra batch dims of sub-nodes are not
+    recorded). Two keys that join to the same name raise KeyCollisionError.
+    """
+    out: dict[str, Any] = {}
+    origin: dict[str, NestedKey] = {}
+
+    def visit(level: Node, path: tuple[str, ...]) -> None:
+        for k, v in level._data.items():
+            full = (*path, k)
+            if isinstance(v, Node) and v._data:
+                visit(v, full)
+                continue
+            name = sep.join(full)
+            if name in out:
+                raise KeyCollisionError(
+                    f"flatten_keys: {display(full)!r} and {origin[name]!r} both become {name!r}"
+                )
+            out[name] = v
+            origin[name] = display(full)
+
+    visit(node, ())
+    _, batch_size, device, _ = node._meta
+    return make(type(node), sorted_data(out), batch_size, device)
+
+
+class _Pending:
+    """A node being assembled by unflatten_keys."""
+
+    __slots__ = ("data", "batch_size", "device")
+
+    def __init__(self, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> None:
+        self.data, self.batch_size, self.device = data, batch_size, device
+
+
+def _unflatten(node: Node, sep: str) -> Node:
+    _, batch_size, device, _ = node._meta
+    top = _Pending({}, batch_size, device)
+    for k, v in node._data.items():
+        parts = k.split(sep)
+        if isinstance(v, Node):
+            v = _unflatten(v, sep)
+        level = top
+        for depth, part in enumerate(parts[:-1]):
+            nxt = level.data.get(part)
+            if nxt is None:
+                nxt = level.data[part] = _Pending({}, level.batch_size, level.device)
+            elif isinstance(nxt, Node):
+                nxt = level.data[part] = _Pending(dict(nxt._data), nxt._meta[1], nxt._meta[2])
+            elif not isinstance(nxt, _Pending):
+                raise KeyCollisionError(
+                    f"unflatten_keys: {sep.join(parts[: depth + 1])!r} is a leaf and {k!r} needs it to be a node"
+                )
+            if isinstance(v, torch.Tensor):
+                n = len(nxt.batch_size)
+                if tuple(v.shape[:n]) != tuple(nxt.batch_size):
+                    raise BatchSizeError(
+                        f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
+                        f"the batch_size {tuple(nxt.batch_size)} of {sep.join(parts[: depth + 1])!r}"
+                    )
+            level = nxt
+        last = parts[-1]
+        existing = level.data.get(last)
+        if existing is None:
+            level.data[last] = v
+        elif isinstance(existing, _Pending) and isinstance(v, Node):
+            for sub_key, sub_value in v._data.items():
+                if sub_key in existing.data:
+                    raise KeyCollisionError(f"unflatten_keys: {k!r} and its dotted keys both set {sub_key!r}")
+                existing.data[sub_key] = sub_value
+        else:
+            raise KeyCollisionError(f"unflatten_keys: {k!r} is a leaf and other keys need it to be a node")
+    cls = type(node)
+
+    def finish(p: _Pending) -> Node:
+        data = {k: finish(v) if isinstance(v, _Pending) else v for k, v in p.data.items()}
+        return make(cls, sorted_data(data), p.batch_size, p.device)
+
+    return finish(top)
+
+
+@tag_rule
+def unflatten_keys(node: Node, sep: str = ".") -> Node:
+    """The inverse of :func:`flatten_keys`: keys split on ``sep`` become nested keys. Tags are kept.
+
+    A leaf ``"a"`` beside a key ``"a.b"`` raises KeyCollisionError naming both.
+    """
+    return _unflatten(node, sep)
+
+
+def to_dict(node: Node) -> dict[str, Any]:
+    """Nested plain dicts of the node's tensors (the same tensor objects)."""
+    return {k: to_dict(v) if isinstance(v, Node) else v for k, v in node._data.items()}
+
+
+def _common_prefix(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    if not shapes:
+        return ()
+    prefix = shapes[0]
+    for shape in shapes[1:]:
+        n = 0
+        while n < min(len(prefix), len(shape)) and prefix[n] == shape[n]:
+            n += 1
+        prefix = prefix[:n]
+    return prefix
+
+
+def _leaf_shapes(data: Mapping[str, Any]) -> list[tuple[int, ...]]:
+    shapes: list[tuple[int, ...]] = []
+    for v in data.values():
+        if isinstance(v, torch.Tensor):
+            shapes.append(tuple(v.shape))
+        elif isinstance(v, Node):
+            shapes.extend(tuple(t.shape) for _, t in walk(v, True, True))
+        elif isinstance(v, Mapping):
+            shapes.extend(_leaf_shapes(nest(v)))
+    return shapes
+
+
+def _auto(root: type, data: Mapping[str, Any], parent: torch.Size, device: torch.device | None) -> Node:
+    shapes = _leaf_shapes(data)
+    batch_size = torch.Size(_common_prefix(shapes)) if shapes else parent
+    resolved = {
+        k: _auto(root, nest(v), batch_size, device) if isinstance(v, Mapping) and not isinstance(v, Node) else v
+        for k, v in data.items()
+    }
+    return build(root, resolved, batch_size, device)
+
+
+def from_dict(root: type, data: Mapping[Any, Any], batch_size: Any = None, device: Any = None) -> Node:
+    """A validated node from nested mappings.
+
+    ``batch_size=None`` infers, at each level, the longest common prefix of the
+    shapes of the leaves below it (a single leaf: its whole shape).
+    """
+    dev = as_device(device)
+    if batch_size is None:
+        return _auto(root, nest(data), torch.Size(()), dev)
+    return build(root, nest(data), as_batch_size(batch_size), dev)

@@ -1,0 +1,236 @@
+"""The TensorDict node: data, construction and thin methods over named functions.
+
+Guarantees:
+
+* Immutable. No ``__setitem__``, ``__delitem__`` or attribute writes; every
+  operation returns a new node. Only the in-place writers, whose names end in
+  ``_``, change storage contents (never structure).
+* Canonical key order. Keys are kept sorted, so two nodes with the same content
+  have equal pytree structures and binary operations pair leaves by key.
+* Validated once. The constructor checks keys, shapes and devices; results of
+  operations are built unchecked through :func:`tdtree._base.make`.
+* Tags are types. ``type(td)`` tells a node's tags, and one rule
+  (:func:`tdtree._tags.tag_rule`) decides for every operation whether the
+  result keeps them, by storage identity alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ItemsView, KeysView, ValuesView
+
+import torch
+
+from . import _keyops, _maps
+from ._base import Node
+from ._keys import NestedKey, as_path
+from ._repr import node_repr
+from ._tags import Locked, Memmap, Shared, Tag, retag, tagged_type
+from ._validate import as_batch_size, as_device, build, nest
+
+__all__ = ["TensorDict"]
+
+
+class TensorDict(Node):
+    """A frozen mapping from str keys to tensors and nested nodes sharing leading batch dims.
+
+    Args:
+        source: a mapping from keys (str, or tuple of str for nested keys) to
+            tensors, nodes or dicts (dicts become nested nodes).
+        batch_size: the leading dims every leaf shares; ``None`` is ``()``.
+        device: when given, every leaf is moved there; else the device all
+            leaves share, or None.
+
+    Raises:
+        BatchSizeError: a leaf's shape does not start with ``batch_size``.
+        TypeError: a key is not a str or tuple of str, or a value is not a
+            tensor, node or dict.
+
+    The constructor makes untagged nodes (nodes put inside it are retagged to
+    match); tags come from :meth:`lock`, :meth:`share_memory`, :meth:`memmap`.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        source: Mapping[Any, Any] | None = None,
+        batch_size: int | Sequence[int] | torch.Size | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        if isinstance(source, Node):
+            source = source._data
+        built = build(type(self)._root, nest(source or {}), as_batch_size(batch_size), as_device(device))
+        object.__setattr__(self, "_data", built._data)
+        object.__setattr__(self, "_meta", (*built._meta[:3], type(self)._tags))
+
+    def __class_getitem__(cls, tags: Tag | tuple[Tag, ...]) -> type:
+        """``TensorDict[Shared]``, ``TensorDict[Locked, Shared]``: the cached tagged types."""
+        return tagged_type(cls._root, tags if isinstance(tags, tuple) else (tags,))
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[Any, Any], batch_size: int | Sequence[int] | None = None, device: Any = None
+    ) -> TensorDict:
+        """A node from nested mappings; ``batch_size=None`` infers the longest common prefix per level."""
+        return _keyops.from_dict(cls._root, data, batch_size, device)
+
+    # -- metadata -------------------------------------------------------------
+
+    @property
+    def batch_size(self) -> torch.Size:
+        return self._meta[1]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._meta[1]
+
+    @property
+    def ndim(self) -> int:
+        return len(self._meta[1])
+
+    def dim(self) -> int:
+        return len(self._meta[1])
+
+    def numel(self) -> int:
+        """The number of batch elements (the product of ``batch_size``)."""
+        return self._meta[1].numel()
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._meta[2]
+
+    @property
+    def tags(self) -> frozenset[Tag]:
+        return self._meta[3]
+
+    @property
+    def is_locked(self) -> bool:
+        return Locked in self._meta[3]
+
+    @property
+    def is_shared(self) -> bool:
+        return Shared in self._meta[3]
+
+    @property
+    def is_memmap(self) -> bool:
+        return Memmap in self._meta[3]
+
+    def __repr__(self) -> str:
+        return node_repr(self)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from ._pickle import reduce_node
+
+        return reduce_node(self)
+
+    # -- mapping protocol and lookup -----------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return _keyops.contains(self, key)
+
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is str:
+            value = self._data.get(index, _keyops.MISSING)
+            if value is _keyops.MISSING:
+                return _keyops.get(self, index)
+            return value
+        if type(index) is tuple and index and type(index[0]) is str:
+            return _keyops.get(self, index)
+        from ._index import getitem
+
+        return getitem(self, index)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise TypeError(
+            "TensorDict is immutable: td = td.set(key, value) for a new node, "
+            "td.at[idx].set(value) for a functional scatter, or td.at[idx].set_(value) to write in place"
+        )
+
+    def __delitem__(self, key: Any) -> None:
+        raise TypeError("TensorDict is immutable: td = td.exclude(key) for a node without it")
+
+    def __bool__(self) -> bool:
+        raise RuntimeError(
+            "the truth value of a TensorDict is ambiguous: use td.all() or td.any() on a node of bools, "
+            "or len(td) for the number of keys"
+        )
+
+    def get(self, key: NestedKey, default: Any = _keyops.MISSING) -> Any:
+        """The entry at ``key``; ``default`` when given and the key is missing, else KeyNotFoundError."""
+        return _keyops.get(self, key, default)
+
+    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> KeysView[NestedKey]:
+        """Keys in canonical order; nested ones as tuples, a sub-node's key before its children's."""
+        return _keyops.keys(self, include_nested, leaves_only)
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False) -> ValuesView[Any]:
+        """Values in the order of :meth:`keys` with the same flags."""
+        return _keyops.values(self, include_nested, leaves_only)
+
+    def items(self, include_nested: bool = False, leaves_only: bool = False) -> ItemsView[NestedKey, Any]:
+        """(key, value) pairs in the order of :meth:`keys` with the same flags."""
+        return _keyops.items(self, include_nested, leaves_only)
+
+    # -- functional editors (refused on Locked nodes) ------------------------------
+
+    def set(self, key: NestedKey, value: Any) -> TensorDict:
+        """A new node with ``value`` at ``key`` (validated); only the path to it is copied."""
+        return _keyops.set(self, key, value)
+
+    def setdefault(self, key: NestedKey, default: Any) -> TensorDict:
+        """This node when ``key`` exists, else a new node with ``default`` there."""
+        return _keyops.setdefault(self, key, default)
+
+    def update(self, other: Mapping[Any, Any] | TensorDict) -> TensorDict:
+        """A new node with every entry of ``other`` set; nested mappings merge into sub-nodes."""
+        return _keyops.update(self, other)
+
+    def rename(self, mapping: Mapping[NestedKey, NestedKey]) -> TensorDict:
+        """A new node with keys moved from ``old`` to ``new`` for each pair of ``mapping``."""
+        return _keyops.rename(self, mapping)
+
+    # -- key views -------------------------------------------------------------------
+
+    def select(self, *keys: NestedKey, strict: bool = True) -> TensorDict:
+        """A node with only ``keys``; keeps tags (no data is made)."""
+        return _keyops.select(self, *keys, strict=strict)
+
+    def exclude(self, *keys: NestedKey, strict: bool = True) -> TensorDict:
+        """A node without ``keys``; keeps tags (no data is made)."""
+        return _keyops.exclude(self, *keys, strict=strict)
+
+    def flatten_keys(self, sep: str = ".") -> TensorDict:
+        """A flat node with nested keys joined by ``sep``; keeps tags."""
+        return _keyops.flatten_keys(self, sep)
+
+    def unflatten_keys(self, sep: str = ".") -> TensorDict:
+        """The inverse of :meth:`flatten_keys`; keeps tags."""
+        return _keyops.unflatten_keys(self, sep)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain dicts holding the same tensors."""
+        return _keyops.to_dict(self)
+
+    def clone(self, recurse: bool = True) -> TensorDict:
+        """A copy; ``recurse=False`` shares the leaves (and keeps tags), else new storage (no tags)."""
+        return _maps.clone(self, recurse)
+
+    # -- tags ----------------------------------------------------------------------------
+
+    def lock(self) -> TensorDict:
+        """The same leaves, tagged ``Locked`` in addition to the node's tags."""
+        return retag(self, self._meta[3] | {Locked})
+
+    def unlock(self) -> TensorDict:
+        """The same leaves without the ``Locked`` tag (other tags kept)."""
+        return retag(self, self._meta[3] - {Locked})
+
+
+TensorDict.__module__ = "tdtree"

@@ -1,0 +1,135 @@
+"""Validation at the public boundary: the constructor and values taken in by the editors.
+
+Everything a user hands in passes here once; results of operations never do.
+Errors name the key, the batch size expected and the shape found, and are raised
+before anything is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ._base import Node, make, sorted_data
+from ._keys import as_path, display
+from ._tags import retag
+from .errors import BatchSizeError, KeyCollisionError
+
+__all__ = ["as_batch_size", "as_device", "nest", "build", "entry"]
+
+
+def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.Size:
+    """``batch_size`` as a ``torch.Size``: None is ``()``, an int is one dimension."""
+    if batch_size is None:
+        return torch.Size(())
+    if isinstance(batch_size, int):
+        batch_size = (batch_size,)
+    try:
+        size = torch.Size(batch_size)
+    except TypeError:
+        raise TypeError(f"batch_size must be a sequence of ints, got {batch_size!r}") from None
+    if any(d < 0 for d in size):
+        raise ValueError(f"batch_size {tuple(size)} has a negative dimension")
+    return size
+
+
+def as_device(device: Any) -> torch.device | None:
+    return None if device is None else torch.device(device)
+
+
+def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
+    """``source`` with tuple keys expanded into nested dicts (str keys checked)."""
+    if all(type(k) is str for k in source):
+        return dict(source)
+    out: dict[str, Any] = {}
+    for key, value in source.items():
+        path = as_path(key)
+        level = out
+        for depth, part in enumerate(path[:-1]):
+            nxt = level.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                if isinstance(nxt, Node):
+                    nxt = level[part] = dict(nxt._data)
+                else:
+                    raise KeyCollisionError(
+                        f"key {display(path)!r} needs {display(path[: depth + 1])!r} to be a node, "
+                        "but a tensor is given for it"
+                    )
+            level = nxt
+        last = path[-1]
+        if last in level and isinstance(level[last], dict) and isinstance(value, Mapping):
+            level[last].update(nest(value))
+        elif last in level:
+            raise KeyCollisionError(f"key {display(path)!r} is given twice")
+        else:
+            level[last] = value
+    return out
+
+
+def _check_prefix(path: tuple[str, ...], shape: Sequence[int], batch_size: torch.Size, what: str) -> None:
+    n = len(batch_size)
+    if len(shape) < n or tuple(shape[:n]) != tuple(batch_size):
+        raise BatchSizeError(
+            f"{what} {display(path)!r} has shape {tuple(shape)}, which does not start with the "
+            f"batch_size {tuple(batch_size)}"
+        )
+
+
+def entry(
+    path: tuple[str, ...], value: Any, batch_size: torch.Size, device: torch.device | None, root: type
+) -> Any:
+    """``value`` checked and made ready to sit at ``path`` in a node with ``batch_size`` / ``device``.
+
+    Tensors move to ``device`` when one is set; nodes come back untagged; dicts
+    become nodes with ``batch_size``.
+    """
+    if isinstance(value, torch.Tensor):
+        _check_prefix(path, value.shape, batch_size, "entry")
+        if device is not None and value.device != device:
+            value = value.to(device)
+        return value
+    if isinstance(value, Node):
+        _check_prefix(path, value._meta[1], batch_size, "nested node")
+        if device is not None and value._meta[2] != device:
+            return build(type(value)._root, value._data, value._meta[1], device, path)
+        return retag(value, frozenset())
+    if isinstance(value, Mapping):
+        return build(root, nest(value), batch_size, device, path)
+    raise TypeError(
+        f"entry {display(path)!r} is a {type(value).__name__}; entries are tensors, nodes or dicts "
+        "(wrap numbers with torch.as_tensor)"
+    )
+
+
+def _common_device(values: Any) -> torch.device | None:
+    found: torch.device | None = None
+    for v in values:
+        if isinstance(v, Node):
+            d = v._meta[2]
+            if d is None:
+                if v._data:
+                    return None
+                continue
+        else:
+            d = v.device
+        if found is None:
+            found = d
+        elif d != found:
+            return None
+    return found
+
+
+def build(
+    root: type,
+    data: Mapping[str, Any],
+    batch_size: torch.Size,
+    device: torch.device | None,
+    prefix: tuple[str, ...] = (),
+) -> Any:
+    """A validated, untagged node of type ``root`` from a mapping with str keys."""
+    checked = {k: entry((*prefix, k), v, batch_size, device, root) for k, v in data.items()}
+    if device is None:
+        device = _common_device(checked.values())
+    return make(root, sorted_data(checked), batch_size, device)

@@ -1,0 +1,86 @@
+"""Named errors of tdtree: each says what went wrong and what to do instead."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "BatchSizeError",
+    "KeyCollisionError",
+    "KeyMismatchError",
+    "KeyNotFoundError",
+    "LockedError",
+    "MemmapError",
+    "NotANodeKeyError",
+]
+
+
+def _fmt(key: object) -> str:
+    if isinstance(key, tuple) and len(key) == 1:
+        key = key[0]
+    return repr(key)
+
+
+class KeyNotFoundError(KeyError):
+    """A key is not in the node; the message lists the keys there and close matches."""
+
+    def __init__(self, key: object, available: Iterable[object]) -> None:
+        self.key = key
+        self.available = tuple(available)
+        names = [_fmt(k) for k in self.available]
+        close = difflib.get_close_matches(_fmt(key), names, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        shown = ", ".join(names) if names else "none"
+        super().__init__(f"key {_fmt(key)} not found; the keys here are: {shown}.{hint}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class NotANodeKeyError(KeyNotFoundError):
+    """A nested key goes through an entry that is a tensor, not a node."""
+
+    def __init__(self, key: object, prefix: object) -> None:
+        self.key = key
+        self.available = ()
+        KeyError.__init__(
+            self,
+            f"key {_fmt(key)} not found: {_fmt(prefix)} is a tensor, not a node, so it has no sub-keys.",
+        )
+
+
+class BatchSizeError(ValueError):
+    """A leaf's shape, or a nested node's batch size, does not start with the batch size."""
+
+
+class KeyMismatchError(ValueError):
+    """Two nodes combined by key do not hold the same keys."""
+
+    def __init__(self, what: str, left: Iterable[object], right: Iterable[object]) -> None:
+        left, right = set(left), set(right)
+        only_left = sorted(map(_fmt, left - right))
+        only_right = sorted(map(_fmt, right - left))
+        super().__init__(
+            f"{what}: the nodes' keys differ; only in the first: {only_left or 'none'}, "
+            f"only in the second: {only_right or 'none'}."
+        )
+
+
+class KeyCollisionError(ValueError):
+    """An operation would give two entries the same key."""
+
+
+class LockedError(RuntimeError):
+    """A functional editor was called on a node tagged ``Locked``."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__(
+            f"{op}() on a locked node: a Locked node takes writes in place only. "
+            "Use update_(), copy_() or at[idx].set_() to write into its storage, "
+            "or unlock() for a node that the functional editors accept."
+        )
+
+
+class MemmapError(OSError):
+    """A memory-mapped node could not be written or read; the message names the file."""
