@@ -10,4 +10,12 @@ from ._tags import Shared as Shared
 from ._tags import Tag as Tag
 from .errors import LockedError as LockedError
 
+# operations (issue 3)
+
+# tags and shared memory (issue 4)
+
+# memmap and serialization (issue 5)
+
+# vmap
+
 __version__ = "0.1.0"

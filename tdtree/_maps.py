@@ -33,3 +33,23 @@ def clone(node: Node, recurse: bool = True) -> Node:
     if recurse:
         return map_leaves(torch.clone, node)
     return _copy_nodes(node)
+
+
+def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torch.Size) -> Any:
+    """A node of the same keys with ``leaf_fn(leaf)`` for every leaf and batch size ``root_batch``.
+
+    Sub-nodes get ``root_batch`` followed by their own extra batch dims, so an
+    operation on the root's batch dims leaves a sub-node's extra dims alone.
+    This is the one traversal for operations that change batch sizes (optree's
+    maps keep metadata as it is).
+    """
+    n = len(node._meta[1])
+
+    def visit(x: Any) -> Any:
+        if not isinstance(x, Node):
+            return leaf_fn(x)
+        data = {k: visit(v) for k, v in x._data.items()}
+        _, batch_size, device, _ = x._meta
+        return make(type(x), data, torch.Size((*root_batch, *batch_size[n:])), device)
+
+    return visit(node)

@@ -233,4 +233,22 @@ class TensorDict(Node):
         return retag(self, self._meta[3] - {Locked})
 
 
+    # -- maps, arithmetic, reductions (_maps.py, _ops.py) --------------------------------
+
+
+    # -- shapes (_shape.py) -----------------------------------------------------------------
+
+
+    # -- indexing and scatter (_index.py) ------------------------------------------------
+
+
+    # -- combining, devices and memory (_combine.py, _device.py) ------------------------
+
+
+    # -- in-place writers and shared memory (_inplace.py, _shared.py) -------------------
+
+
+    # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------
+
+
 TensorDict.__module__ = "tdtree"
