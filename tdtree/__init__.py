@@ -17,5 +17,6 @@ from .errors import LockedError as LockedError
 # memmap and serialization (issue 5)
 
 # vmap
+from ._vmap import vmap as vmap
 
 __version__ = "0.1.0"

@@ -27,7 +27,7 @@ __all__ = [
     "keys",
     "values",
     "items",
-    "set",
+    "set_entry",
     "setdefault",
     "update",
     "select",
@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 MISSING: Any = object()
+_ABSENT: Any = object()
 _ALL = object()
 
 
@@ -58,6 +59,8 @@ def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
     value: Any = node
     for depth, part in enumerate(path):
         if not isinstance(value, Node):
+            if default is not MISSING:
+                return default
             raise NotANodeKeyError(display(path), display(path[:depth]))
         level = value
         value = level._data.get(part, MISSING)
@@ -72,7 +75,7 @@ def contains(node: Node, key: object) -> bool:
     """True when ``key`` names an entry (a leaf or a sub-node)."""
     if type(key) is str:
         return key in node._data
-    return get(node, key, MISSING) is not MISSING if type(key) is tuple and key else False
+    return type(key) is tuple and len(key) > 0 and get(node, key, _ABSENT) is not _ABSENT
 
 
 def walk(node: Node, include_nested: bool, leaves_only: bool) -> Iterator[tuple[NestedKey, Any]]:
@@ -127,7 +130,7 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
 
 
 @tag_rule
-def set(node: Node, key: NestedKey, value: Any) -> Node:
+def set_entry(node: Node, key: NestedKey, value: Any) -> Node:
     """A new node with ``value`` at ``key``; missing intermediate nodes are created.
 
     Refused on a Locked node. Tags: kept only when ``value`` uses a storage the
@@ -143,7 +146,7 @@ def setdefault(node: Node, key: NestedKey, default: Any) -> Node:
     """The node itself when ``key`` exists, else ``set(key, default)``. Refused on a Locked node."""
     check_unlocked(node, "setdefault")
     path = as_path(key)
-    if get(node, path, MISSING) is not MISSING:
+    if get(node, path, _ABSENT) is not _ABSENT:
         return node
     return _set_path(node, path, path, default)
 
@@ -255,7 +258,7 @@ def rename(node: Node, mapping: Mapping[NestedKey, NestedKey]) -> Node:
         raise KeyCollisionError(f"rename: two keys are renamed to the same key in {dict(mapping)!r}")
     out = _exclude(node, _trie(tuple(old for old, _ in moves)), True, ())
     for new, value in moved:
-        if get(out, new, MISSING) is not MISSING:
+        if get(out, new, _ABSENT) is not _ABSENT:
             raise KeyCollisionError(f"rename: {display(new)!r} already exists; exclude it first")
         out = _set_path(out, new, new, value)
     return out
