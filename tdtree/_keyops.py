@@ -15,7 +15,7 @@ import torch
 from ._base import Node, make, sorted_data
 from ._keys import NestedKey, as_path, display
 from ._tags import Locked, tag_rule
-from ._validate import as_batch_size, as_device, build, entry, nest
+from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
 from .errors import BatchSizeError, KeyCollisionError, KeyNotFoundError, LockedError, NotANodeKeyError
 
 __all__ = [
@@ -126,6 +126,7 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
         new[head] = _set_path(child, path[1:], full, value)
     if head not in old:
         new = sorted_data(new)
+    new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
 
 
@@ -163,7 +164,8 @@ def _update(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]) -> N
             new[k] = _update(current, sub, path)
         else:
             new[k] = entry(path, v, batch_size, device, type(node)._root)
-    return make(type(node), sorted_data(new), batch_size, device)
+    new, device = settle_device(sorted_data(new), device)
+    return make(type(node), new, batch_size, device)
 
 
 @tag_rule
