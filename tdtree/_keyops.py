@@ -7,7 +7,7 @@ and tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, KeysView, Mapping
 from typing import Any
 
 import torch
@@ -78,33 +78,68 @@ def contains(node: Node, key: object) -> bool:
     return type(key) is tuple and len(key) > 0 and get(node, key, _ABSENT) is not _ABSENT
 
 
-def walk(node: Node, include_nested: bool, leaves_only: bool) -> Iterator[tuple[NestedKey, Any]]:
+def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[NestedKey, Any]]:
     """(key, value) pairs depth first in canonical order, a sub-node's key before its children's."""
-    for k, v in node._data.items():
-        is_node = isinstance(v, Node)
-        if not (leaves_only and is_node):
-            yield k, v
-        if include_nested and is_node:
-            for sub, w in walk(v, True, leaves_only):
-                yield ((k, sub) if type(sub) is str else (k, *sub)), w
+    out: list[tuple[NestedKey, Any]] = []
+
+    def visit(level: Node, prefix: tuple[str, ...]) -> None:
+        for k, v in level._data.items():
+            is_node = isinstance(v, Node)
+            if not (leaves_only and is_node):
+                out.append(((*prefix, k) if prefix else k, v))
+            if include_nested and is_node:
+                visit(v, (*prefix, k))
+
+    visit(node, ())
+    return out
+
+
+class NestedKeysView(KeysView):
+    """The keys of a node as a set-like view; membership is a lookup, not a walk."""
+
+    __slots__ = ("_node", "_nested", "_leaves", "_keys")
+
+    def __init__(self, node: Node, include_nested: bool, leaves_only: bool) -> None:
+        self._node, self._nested, self._leaves = node, include_nested, leaves_only
+        self._keys: list[NestedKey] | None = None
+
+    def _list(self) -> list[NestedKey]:
+        if self._keys is None:
+            self._keys = [k for k, _ in walk(self._node, self._nested, self._leaves)]
+        return self._keys
+
+    def __contains__(self, key: object) -> bool:
+        if type(key) is tuple and len(key) > 1 and not self._nested:
+            return False
+        value = get(self._node, key, _ABSENT) if type(key) in (str, tuple) and key else _ABSENT
+        return value is not _ABSENT and not (self._leaves and isinstance(value, Node))
+
+    def __iter__(self) -> Iterator[NestedKey]:
+        return iter(self._list())
+
+    def __len__(self) -> int:
+        return len(self._list())
+
+    def __repr__(self) -> str:
+        return f"NestedKeysView({self._list()!r})"
 
 
 def keys(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
     if not include_nested and not leaves_only:
         return node._data.keys()
-    return dict(walk(node, include_nested, leaves_only)).keys()
+    return NestedKeysView(node, include_nested, leaves_only)
 
 
 def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
     if not include_nested and not leaves_only:
         return node._data.values()
-    return dict(walk(node, include_nested, leaves_only)).values()
+    return [v for _, v in walk(node, include_nested, leaves_only)]
 
 
 def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
     if not include_nested and not leaves_only:
         return node._data.items()
-    return dict(walk(node, include_nested, leaves_only)).items()
+    return walk(node, include_nested, leaves_only)
 
 
 def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: Any) -> Node:
@@ -322,14 +357,14 @@ def _unflatten(node: Node, sep: str) -> Node:
                 raise KeyCollisionError(
                     f"unflatten_keys: {sep.join(parts[: depth + 1])!r} is a leaf and {k!r} needs it to be a node"
                 )
-            if isinstance(v, torch.Tensor):
-                n = len(nxt.batch_size)
-                if tuple(v.shape[:n]) != tuple(nxt.batch_size):
-                    raise BatchSizeError(
-                        f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
-                        f"the batch_size {tuple(nxt.batch_size)} of {sep.join(parts[: depth + 1])!r}"
-                    )
             level = nxt
+        if level.batch_size != batch_size and isinstance(v, torch.Tensor):
+            # Only a sub-node that existed before, with extra batch dims, can refuse the leaf.
+            if v.shape[: len(level.batch_size)] != level.batch_size:
+                raise BatchSizeError(
+                    f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
+                    f"the batch_size {tuple(level.batch_size)} of {sep.join(parts[:-1])!r}"
+                )
         last = parts[-1]
         existing = level.data.get(last)
         if existing is None:

@@ -129,7 +129,14 @@ def build(
     prefix: tuple[str, ...] = (),
 ) -> Any:
     """A validated, untagged node of type ``root`` from a mapping with str keys."""
-    checked = {k: entry((*prefix, k), v, batch_size, device, root) for k, v in data.items()}
+    n = len(batch_size)
+    checked = {}
+    for k, v in data.items():
+        # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
+        if isinstance(v, torch.Tensor) and v.shape[:n] == batch_size and (device is None or v.device == device):
+            checked[k] = v
+        else:
+            checked[k] = entry((*prefix, k), v, batch_size, device, root)
     checked, device = settle_device(checked, device)
     return make(root, sorted_data(checked), batch_size, device)
 
