@@ -342,30 +342,39 @@ class _Pending:
 def _unflatten(node: Node, sep: str) -> Node:
     _, batch_size, device, _ = node._meta
     top = _Pending({}, batch_size, device)
+    # Levels by their joined prefix, so each key finds its parent in one lookup.
+    levels: dict[str, _Pending] = {}
+
+    def level_of(prefix: str, key: str) -> _Pending:
+        if not prefix:
+            return top
+        found = levels.get(prefix)
+        if found is not None:
+            return found
+        head, _, name = prefix.rpartition(sep)
+        parent = level_of(head, key)
+        nxt = parent.data.get(name)
+        if nxt is None:
+            nxt = _Pending({}, parent.batch_size, parent.device)
+        elif isinstance(nxt, Node):
+            nxt = _Pending(dict(nxt._data), nxt._meta[1], nxt._meta[2])
+        else:
+            raise KeyCollisionError(f"unflatten_keys: {prefix!r} is a leaf and {key!r} needs it to be a node")
+        parent.data[name] = levels[prefix] = nxt
+        return nxt
+
     for k, v in node._data.items():
-        parts = k.split(sep)
         if isinstance(v, Node):
             v = _unflatten(v, sep)
-        level = top
-        for depth, part in enumerate(parts[:-1]):
-            nxt = level.data.get(part)
-            if nxt is None:
-                nxt = level.data[part] = _Pending({}, level.batch_size, level.device)
-            elif isinstance(nxt, Node):
-                nxt = level.data[part] = _Pending(dict(nxt._data), nxt._meta[1], nxt._meta[2])
-            elif not isinstance(nxt, _Pending):
-                raise KeyCollisionError(
-                    f"unflatten_keys: {sep.join(parts[: depth + 1])!r} is a leaf and {k!r} needs it to be a node"
-                )
-            level = nxt
+        prefix, _, last = k.rpartition(sep)
+        level = level_of(prefix, k)
         if level.batch_size != batch_size and isinstance(v, torch.Tensor):
             # Only a sub-node that existed before, with extra batch dims, can refuse the leaf.
             if v.shape[: len(level.batch_size)] != level.batch_size:
                 raise BatchSizeError(
                     f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
-                    f"the batch_size {tuple(level.batch_size)} of {sep.join(parts[:-1])!r}"
+                    f"the batch_size {tuple(level.batch_size)} of {prefix!r}"
                 )
-        last = parts[-1]
         existing = level.data.get(last)
         if existing is None:
             level.data[last] = v
