@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
+    "BatchDimError",
     "BatchSizeError",
     "KeyCollisionError",
     "KeyMismatchError",
@@ -84,3 +85,7 @@ class LockedError(RuntimeError):
 
 class MemmapError(OSError):
     """A memory-mapped node could not be written or read; the message names the file."""
+
+
+class BatchDimError(IndexError):
+    """A batch dim, or an index over the batch dims, does not fit the node's batch size."""
