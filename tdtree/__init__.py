@@ -15,6 +15,9 @@ from .errors import LockedError as LockedError
 # tags and shared memory (issue 4)
 
 # memmap and serialization (issue 5)
+from ._memmap import load_memmap as load_memmap
+from ._serialize import load as load
+from ._serialize import save as save
 
 # vmap
 

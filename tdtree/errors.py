@@ -13,6 +13,7 @@ __all__ = [
     "LockedError",
     "MemmapError",
     "NotANodeKeyError",
+    "SerializationError",
 ]
 
 
@@ -84,3 +85,8 @@ class LockedError(RuntimeError):
 
 class MemmapError(OSError):
     """A memory-mapped node could not be written or read; the message names the file."""
+
+
+class SerializationError(OSError):
+    """A file given to ``tdtree.load`` is not a tdtree save file, is corrupt, or holds objects that
+    safe loading refuses to rebuild; the message names the file."""
