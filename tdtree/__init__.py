@@ -18,6 +18,9 @@ from ._ops import where as where
 # tags and shared memory (issue 4)
 
 # memmap and serialization (issue 5)
+from ._memmap import load_memmap as load_memmap
+from ._serialize import load as load
+from ._serialize import save as save
 
 # vmap
 from ._vmap import vmap as vmap

@@ -530,5 +530,12 @@ class TensorDict(Node):
 
     # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------
 
+    def memmap(self, prefix: Any, existsok: bool = False) -> TensorDict:
+        """A node equal to this one with leaves mapped from files under the directory ``prefix`` (str or
+        path); tags ``{Memmap, Locked}`` (made, not kept). See :func:`tdtree._memmap.memmap`."""
+        from ._memmap import memmap
+
+        return memmap(self, prefix, existsok)
+
 
 TensorDict.__module__ = "tdtree"

@@ -14,6 +14,7 @@ __all__ = [
     "LockedError",
     "MemmapError",
     "NotANodeKeyError",
+    "SerializationError",
 ]
 
 
@@ -89,3 +90,8 @@ class MemmapError(OSError):
 
 class BatchDimError(IndexError):
     """A batch dim, or an index over the batch dims, does not fit the node's batch size."""
+
+
+class SerializationError(OSError):
+    """A file given to ``tdtree.load`` is not a tdtree save file, is corrupt, or holds objects that
+    safe loading refuses to rebuild; the message names the file."""

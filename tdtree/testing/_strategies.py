@@ -37,7 +37,7 @@ def _tensor(shape: tuple[int, ...], dtype: torch.dtype, seed: int, noncontiguous
     elif dtype.is_floating_point or dtype.is_complex:
         t = torch.randn(make_shape, generator=gen, dtype=dtype)
     else:
-        t = torch.randint(-50, 50, make_shape, generator=gen, dtype=dtype)
+        t = torch.randint(-50 if dtype.is_signed else 0, 50, make_shape, generator=gen, dtype=dtype)
     return t.permute(tuple(reversed(range(len(shape))))) if noncontiguous else t
 
 

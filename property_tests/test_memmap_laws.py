@@ -1,0 +1,105 @@
+"""Laws of memmap, load_memmap, save/load and pickling, over random nodes with any str keys."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tdtree as tt
+from tdtree import Locked, Memmap, TensorDict
+from tdtree._base import Node
+from tdtree._maps import map_leaves
+from tdtree._tags import retag
+from tdtree.testing import assert_equal, tensordicts
+
+MM = frozenset({Memmap, Locked})
+# tensordicts() draws integers from [-50, 50), which torch refuses for uint8: int16 leaves are
+# drawn in its place and cast (keeping their strides), until the strategy draws uint8 itself.
+DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.complex64, torch.int16, torch.float64)
+
+
+def _uint8_for_int16(node: TensorDict) -> TensorDict:
+    return map_leaves(lambda t: t.to(torch.uint8) if t.dtype == torch.int16 else t, node)
+
+
+NODES = tensordicts(
+    names=st.text(min_size=1, max_size=20), dtypes=DTYPES, noncontiguous=True, extra_batch_dims=True
+).map(_uint8_for_int16)
+
+
+def leaves(node: TensorDict) -> list[torch.Tensor]:
+    return list(node.values(include_nested=True, leaves_only=True))
+
+
+def sub_nodes(node: TensorDict) -> list[TensorDict]:
+    return [node, *(v for v in node.values(include_nested=True) if isinstance(v, Node))]
+
+
+def snapshot(node: TensorDict) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+    return [(leaf, leaf._version, leaf.clone()) for leaf in leaves(node)]
+
+
+def assert_unchanged(node: TensorDict, before: list[tuple[torch.Tensor, int, torch.Tensor]]) -> None:
+    for (leaf, version, copy), now in zip(before, leaves(node), strict=True):
+        assert now is leaf and now._version == version
+        assert torch.equal(now, copy)
+
+
+@given(NODES, st.booleans())
+def test_memmap_then_load_memmap_is_the_node(td, locked):
+    td = td.lock() if locked else td
+    before = snapshot(td)
+    with tempfile.TemporaryDirectory() as parent:
+        prefix = os.path.join(parent, "mm")
+        out = td.memmap(prefix)
+        assert_unchanged(td, before)
+        assert_equal(out, retag(td, MM))
+        back = tt.load_memmap(prefix)
+        assert_equal(back, out)
+        for node in (*sub_nodes(out), *sub_nodes(back)):
+            assert node.tags == MM
+        for a, b in zip(leaves(out), leaves(back), strict=True):
+            if a.numel():
+                assert a.untyped_storage().filename == b.untyped_storage().filename
+                assert os.path.dirname(a.untyped_storage().filename) == prefix
+        assert os.listdir(parent) == ["mm"]
+        assert len(os.listdir(prefix)) == len(leaves(td)) + 1
+
+
+@given(NODES)
+def test_memmap_node_pickles_to_the_same_files(td):
+    with tempfile.TemporaryDirectory() as parent:
+        out = td.memmap(os.path.join(parent, "mm"))
+        back = pickle.loads(pickle.dumps(out))
+        assert_equal(back, out)
+        assert all(node.tags == MM for node in sub_nodes(back))
+        for a, b in zip(leaves(out), leaves(back), strict=True):
+            if a.numel():
+                assert a.untyped_storage().filename == b.untyped_storage().filename
+
+
+@given(NODES, st.booleans())
+def test_load_of_save_is_the_node(td, locked):
+    td = td.lock() if locked else td
+    before = snapshot(td)
+    with tempfile.TemporaryDirectory() as parent:
+        path = os.path.join(parent, "td.pt")
+        tt.save(td, path)
+        assert_unchanged(td, before)
+        back = tt.load(path)
+        assert_equal(back, td)
+        assert os.listdir(parent) == ["td.pt"]
+    for a, b in zip(leaves(td), leaves(back), strict=True):
+        assert b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+
+
+@given(NODES, st.booleans())
+def test_pickle_keeps_values_and_tags(td, locked):
+    td = td.lock() if locked else td
+    back = pickle.loads(pickle.dumps(td))
+    assert_equal(back, td)

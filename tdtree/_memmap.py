@@ -1,0 +1,467 @@
+"""Memory-mapped nodes: one file per leaf under a directory, described by one JSON file.
+
+Layout of a memmap directory ``prefix`` (format version 1)::
+
+    prefix/meta.json          format, version, node type, tags, and the tree:
+                              every node's batch_size, device and entries (key, child)
+                              in canonical order; every leaf's dtype, shape and index
+    prefix/leaf-000000.bin    the raw bytes of leaf 0 (C order), and so on
+
+Files are named by the leaf's index in depth-first canonical order; keys live
+only in the JSON. No key can name a file, so no key can reach outside
+``prefix`` whatever it spells (``/``, ``..``, a thousand characters).
+
+A directory is written under a temporary name next to ``prefix`` and renamed
+into place once complete, so an error leaves the old directory or none, never
+a half-written one. Durability against power loss (fsync) is not attempted.
+
+Read-only (``mode="r"``) maps each file privately (copy-on-write): the leaves
+can still be written in place, but those writes stay in this process's memory
+and never reach the file or other processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._base import Node, make
+from ._keys import display
+from ._pickle import root_name, root_named
+from ._tags import Locked, Memmap, retag, tag_rule
+from ._validate import build
+from .errors import BatchSizeError, KeyCollisionError, MemmapError
+
+__all__ = [
+    "META",
+    "VERSION",
+    "leaf_name",
+    "describe",
+    "assemble",
+    "dtype_named",
+    "memmap",
+    "load_memmap",
+    "reference",
+    "resolve",
+]
+
+META = "meta.json"
+FORMAT = "tdtree-memmap"
+VERSION = 1
+_TAGS: frozenset = frozenset({Memmap, Locked})
+
+# Dtypes whose values are plain bytes, element by element: what a file can hold.
+# Quantized, bit and sub-byte dtypes have no such layout and are refused.
+_MAPPABLE = frozenset(
+    getattr(torch, name)
+    for name in (
+        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+        "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    )
+    if isinstance(getattr(torch, name, None), torch.dtype)
+)
+
+# data_ptr of every storage this module mapped -> (prefix, leaf index, writable). It is
+# how a Memmap node pickles by reference: private (read-only) mappings keep no file name.
+_ORIGIN: dict[int, tuple[str, int, bool]] = {}
+
+
+def leaf_name(index: int) -> str:
+    return f"leaf-{index:06d}.bin"
+
+
+def dtype_named(name: object) -> torch.dtype | None:
+    """The torch dtype spelled ``name`` (``"float32"``), or None."""
+    dtype = getattr(torch, name, None) if type(name) is str else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def describe(node: Node, cpu: bool) -> tuple[dict[str, Any], list[tuple[tuple[str, ...], torch.Tensor]]]:
+    """The JSON-able tree of ``node`` and its leaves as (path, tensor), index by index.
+
+    With ``cpu`` a node's device is written as ``"cpu"`` (None stays None): the
+    leaves will live in host memory.
+    """
+    leaves: list[tuple[tuple[str, ...], torch.Tensor]] = []
+
+    def visit(x: Node, path: tuple[str, ...]) -> dict[str, Any]:
+        entries: list[list[Any]] = []
+        for key, value in x._data.items():
+            if isinstance(value, Node):
+                entries.append([key, visit(value, (*path, key))])
+            else:
+                entries.append(
+                    [key, {"leaf": len(leaves), "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}]
+                )
+                leaves.append(((*path, key), value))
+        _, batch_size, device, _ = x._meta
+        shown = None if device is None else ("cpu" if cpu else str(device))
+        return {"batch_size": list(batch_size), "device": shown, "entries": entries}
+
+    return visit(node, ()), leaves
+
+
+def _sizes(value: object) -> list[int] | None:
+    if type(value) is list and all(type(d) is int and d >= 0 for d in value):
+        return value
+    return None
+
+
+LeafFn = Callable[[int, torch.dtype, torch.Size, tuple[str, ...]], torch.Tensor]
+
+
+def assemble(
+    tree: object,
+    root: type,
+    leaf_fn: LeafFn,
+    corrupt: Callable[[str], Exception],
+    device: Callable[[str | None], torch.device | None],
+) -> Any:
+    """The node described by ``tree`` (from :func:`describe`), leaves made by ``leaf_fn``.
+
+    Everything read is checked: ``corrupt(reason)`` makes the error for a
+    malformed tree, ``device(name)`` turns a recorded device into the node's
+    device (or raises). Leaf shapes are validated against batch sizes by the
+    public constructor's validation; a node gets the device recorded for it
+    (its leaves must be there), as the original node had it.
+    """
+    counter = itertools.count()
+
+    def node(obj: object, path: tuple[str, ...]) -> Any:
+        where = f"node {display(path)!r}" if path else "the root node"
+        if type(obj) is not dict or type(obj.get("entries")) is not list:
+            raise corrupt(f"{where} has no list of entries")
+        batch_size = _sizes(obj.get("batch_size"))
+        if batch_size is None:
+            raise corrupt(f"{where} has a malformed batch_size {obj.get('batch_size')!r}")
+        dev = obj.get("device")
+        if dev is not None and type(dev) is not str:
+            raise corrupt(f"{where} has a malformed device {dev!r}")
+        data: dict[str, Any] = {}
+        for item in obj["entries"]:
+            if type(item) is not list or len(item) != 2 or type(item[0]) is not str:
+                raise corrupt(f"{where} has a malformed entry {str(item)[:80]}")
+            key, child = item
+            if key in data:
+                raise corrupt(f"{where} holds the key {key!r} twice")
+            if type(child) is dict and "entries" in child:
+                data[key] = node(child, (*path, key))
+            else:
+                data[key] = leaf(child, (*path, key))
+        try:
+            built = build(root, data, torch.Size(batch_size), None)
+        except (BatchSizeError, KeyCollisionError, TypeError) as err:
+            raise corrupt(str(err)) from None
+        recorded = device(dev)
+        if recorded is None or built._meta[2] == recorded:
+            return built
+        for key, value in data.items():
+            if isinstance(value, torch.Tensor) and value.device != recorded:
+                raise corrupt(f"{where} is on {recorded} but its leaf {key!r} is on {value.device}")
+        # The device as recorded, not as inferred: an empty sub-node of a cpu node may say None.
+        return make(root, built._data, built._meta[1], recorded)
+
+    def leaf(obj: object, path: tuple[str, ...]) -> torch.Tensor:
+        where = f"leaf {display(path)!r}"
+        if type(obj) is not dict:
+            raise corrupt(f"{where} is malformed")
+        index = next(counter)
+        if obj.get("leaf") != index or type(obj.get("leaf")) is not int:
+            raise corrupt(f"{where} should be leaf {index}, found {obj.get('leaf')!r}")
+        shape = _sizes(obj.get("shape"))
+        if shape is None:
+            raise corrupt(f"{where} has a malformed shape {obj.get('shape')!r}")
+        dtype = dtype_named(obj.get("dtype"))
+        if dtype is None:
+            raise corrupt(f"{where} has an unknown dtype {obj.get('dtype')!r}")
+        return leaf_fn(index, dtype, torch.Size(shape), path)
+
+    try:
+        return node(tree, ())
+    except RecursionError:
+        raise corrupt("the tree nests too deeply") from None
+
+
+# -- writing --------------------------------------------------------------------------------
+
+
+def _check_target(prefix: str, existsok: bool) -> None:
+    if not os.path.lexists(prefix):
+        return
+    if not existsok:
+        raise MemmapError(f"{prefix} exists; pass existsok=True to replace it")
+    if not os.path.isdir(prefix) or os.path.islink(prefix):
+        raise MemmapError(f"{prefix} exists and is not a directory; memmap replaces only memmap directories")
+    if not os.path.isfile(os.path.join(prefix, META)) and os.listdir(prefix):
+        raise MemmapError(
+            f"{prefix} is a non-empty directory without {META}: memmap replaces only directories "
+            "it wrote (or empty ones), never other files"
+        )
+
+
+def _write_leaf(path: str, tensor: torch.Tensor) -> None:
+    values = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous()
+    with open(path, "xb") as f:
+        f.write(values.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
+
+
+def _write_json(path: str, doc: dict[str, Any]) -> None:
+    with open(path, "x", encoding="ascii") as f:
+        json.dump(doc, f, ensure_ascii=True, separators=(",", ":"))
+
+
+def _swap_in(tmp: str, prefix: str) -> None:
+    """Rename ``tmp`` to ``prefix``; an existing ``prefix`` is moved away first and deleted after."""
+    if not os.path.lexists(prefix):
+        os.rename(tmp, prefix)
+        return
+    parent, name = os.path.split(prefix)
+    old = os.path.join(parent, f".{name[:40]}.{secrets.token_hex(6)}.old")
+    os.rename(prefix, old)
+    try:
+        os.rename(tmp, prefix)
+    except BaseException:
+        os.rename(old, prefix)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def memmap(node: Node, prefix: str | os.PathLike[str], existsok: bool = False) -> Any:
+    """Write every leaf of ``node`` to its own file under ``prefix`` and return the mapped node.
+
+    Args:
+        node: the node to write; leaves are written as their values (a
+            non-contiguous or expanded leaf as a contiguous copy), detached,
+            from any device.
+        prefix: the directory to create; its parent is created when missing.
+        existsok: replace an existing memmap directory (or empty directory)
+            at ``prefix``: the new one is written aside and renamed in, the
+            old one renamed away and deleted.
+
+    Returns:
+        A node equal to ``node`` whose leaves are mapped from the files
+        (read-write, shared with every process that maps them), on the CPU,
+        tagged ``{Memmap, Locked}`` on every sub-node. This makes tags rather
+        than following the rule, like :meth:`lock`.
+
+    Raises:
+        MemmapError: ``prefix`` exists (without ``existsok``, or it is not a
+            memmap directory), a leaf's dtype cannot be mapped, or writing
+            failed; nothing is left behind.
+    """
+    prefix = os.path.abspath(os.fspath(prefix))
+    _check_target(prefix, existsok)
+    tree, leaves = describe(node, cpu=True)
+    for path, leaf in leaves:
+        if leaf.dtype not in _MAPPABLE:
+            raise MemmapError(
+                f"cannot memmap leaf {display(path)!r} of dtype {leaf.dtype} to {prefix}: only dtypes laid out "
+                "as plain bytes map to files (not quantized, bit or sub-byte dtypes)"
+            )
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "type": root_name(type(node)._root),
+        "tags": sorted(t.name for t in _TAGS),
+        "tree": tree,
+    }
+    parent, name = os.path.split(prefix)
+    where = prefix
+    try:
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{name[:40]}.", suffix=".tmp", dir=parent)
+    except OSError as err:
+        raise MemmapError(f"cannot create {where}: {err}") from err
+    try:
+        for index, (_, leaf) in enumerate(leaves):
+            where = os.path.join(prefix, leaf_name(index))
+            _write_leaf(os.path.join(tmp, leaf_name(index)), leaf)
+        where = os.path.join(prefix, META)
+        _write_json(os.path.join(tmp, META), doc)
+        where = prefix
+        _swap_in(tmp, prefix)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise MemmapError(f"cannot write {where}: {err}") from err
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return _open(prefix, doc, writable=True)
+
+
+# -- reading ----------------------------------------------------------------------------------
+
+
+def _remember(tensor: torch.Tensor, prefix: str, index: int, writable: bool) -> None:
+    storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:
+        return
+    ptr = storage.data_ptr()
+    origin = (prefix, index, writable)
+    _ORIGIN[ptr] = origin
+    weakref.finalize(storage, _forget, ptr, origin)
+
+
+def _forget(ptr: int, origin: tuple[str, int, bool]) -> None:
+    if _ORIGIN.get(ptr) is origin:
+        del _ORIGIN[ptr]
+
+
+def _map_file(prefix: str, index: int, nbytes: int, dtype: torch.dtype, writable: bool) -> torch.Tensor:
+    """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype``, after checking its size.
+
+    The size is checked first because ``torch.from_file`` in shared mode
+    creates a missing file and grows a short one.
+    """
+    path = os.path.join(prefix, leaf_name(index))
+    try:
+        found = os.stat(path).st_size
+    except FileNotFoundError:
+        raise MemmapError(f"missing leaf file {path}") from None
+    except OSError as err:
+        raise MemmapError(f"cannot read leaf file {path}: {err}") from err
+    if found != nbytes:
+        raise MemmapError(f"leaf file {path} holds {found} bytes; its metadata asks for {nbytes}")
+    try:
+        flat = torch.from_file(path, shared=writable, size=nbytes // dtype.itemsize, dtype=dtype)
+    except RuntimeError as err:
+        raise MemmapError(f"cannot map leaf file {path}: {err}") from err
+    _remember(flat, prefix, index, writable)
+    return flat
+
+
+def _open(prefix: str, doc: object, writable: bool) -> Any:
+    meta = os.path.join(prefix, META)
+
+    def corrupt(reason: str) -> MemmapError:
+        return MemmapError(f"corrupt metadata file {meta}: {reason}")
+
+    if type(doc) is not dict or doc.get("format") != FORMAT:
+        raise corrupt("it is not a tdtree memmap description")
+    if doc.get("version") != VERSION:
+        raise MemmapError(
+            f"metadata file {meta} has format version {doc.get('version')!r}; this tdtree reads version {VERSION}"
+        )
+    root = root_named(doc.get("type"))
+    if root is None:
+        raise corrupt(f"unknown node type {doc.get('type')!r}")
+
+    def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
+        if dtype not in _MAPPABLE:
+            raise MemmapError(f"leaf {display(path)!r} in {meta} has dtype {dtype}, which cannot be mapped")
+        return _map_file(prefix, index, shape.numel() * dtype.itemsize, dtype, writable).view(shape)
+
+    def device(name: str | None) -> torch.device | None:
+        if name not in (None, "cpu"):
+            raise corrupt(f"device {name!r}: memmapped leaves live on the cpu")
+        return None if name is None else torch.device("cpu")
+
+    return retag(assemble(doc.get("tree"), root, leaf, corrupt, device), _TAGS)
+
+
+@tag_rule
+def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
+    """The node stored under ``prefix`` by :meth:`TensorDict.memmap`, leaves mapped from its files.
+
+    Args:
+        prefix: the memmap directory.
+        mode: ``"r+"`` maps the files shared: in-place writes go to the files
+            and are seen by every process that maps them. ``"r"`` maps them
+            privately (copy-on-write): in-place writes still succeed but stay
+            in this process's memory; the files never change.
+
+    Returns:
+        The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node.
+
+    Raises:
+        MemmapError: naming the file: a missing or corrupt metadata file, an
+            unknown format version, a dtype that cannot be mapped, a missing
+            leaf file or one of the wrong size.
+    """
+    if mode not in ("r", "r+"):
+        raise ValueError(f"mode must be 'r' (private, read-only files) or 'r+' (shared), got {mode!r}")
+    prefix = os.path.abspath(os.fspath(prefix))
+    meta = os.path.join(prefix, META)
+    try:
+        with open(meta, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise MemmapError(f"missing metadata file {meta}: {prefix} is not a memmap directory") from None
+    except OSError as err:
+        raise MemmapError(f"cannot read metadata file {meta}: {err}") from err
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
+    return _open(prefix, doc, writable=mode == "r+")
+
+
+# -- pickling by reference --------------------------------------------------------------------
+
+_REF = "tdtree.memmap-leaf"
+
+
+def reference(leaf: torch.Tensor) -> Any:
+    """A plain tuple naming the file and view of ``leaf`` (a leaf of a Memmap node); the leaf itself
+    when it holds no data."""
+    storage = leaf.untyped_storage()
+    if storage.nbytes() == 0:
+        return leaf
+    origin = _ORIGIN.get(storage.data_ptr())
+    if origin is None:
+        raise MemmapError(
+            "cannot pickle a Memmap node whose leaf is not mapped from a memmap file; "
+            "pickle node.unlock().clone() for a copy by value"
+        )
+    prefix, index, writable = origin
+    return (
+        _REF, prefix, index, writable, storage.nbytes(), _dtype_name(leaf.dtype),
+        tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset(),
+    )
+
+
+def _ints(value: object) -> bool:
+    return type(value) is tuple and all(type(v) is int for v in value)
+
+
+def resolve(ref: object) -> torch.Tensor:
+    """The leaf named by a :func:`reference` tuple, mapped again from its file.
+
+    The reference comes from a pickle, possibly an untrusted one: only a file
+    called ``leaf-NNNNNN.bin`` with exactly the recorded size, in a directory
+    holding a memmap metadata file, is mapped, and never created or grown.
+    """
+    if isinstance(ref, torch.Tensor):
+        return ref
+    if not (type(ref) is tuple and len(ref) == 9 and ref[0] == _REF):
+        raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
+    _, prefix, index, writable, nbytes, dtype_name, shape, stride, offset = ref
+    dtype = dtype_named(dtype_name)
+    if (
+        type(prefix) is not str or type(index) is not int or index < 0 or type(writable) is not bool
+        or type(nbytes) is not int or nbytes <= 0 or dtype not in _MAPPABLE
+        or not _ints(shape) or not _ints(stride) or type(offset) is not int
+    ):
+        raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
+    if not os.path.isfile(os.path.join(prefix, META)):
+        raise MemmapError(f"cannot reopen a memmap leaf: {prefix} holds no {META}")
+    storage = _map_file(prefix, index, nbytes, torch.uint8, writable).untyped_storage()
+    try:
+        return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+    except RuntimeError as err:
+        path = os.path.join(prefix, leaf_name(index))
+        raise MemmapError(f"memmap leaf reference does not fit {path}: {err}") from err

@@ -1,0 +1,521 @@
+"""Memory-mapped nodes: writing, loading, keys as file names, errors, pickling by reference."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import tdtree as tt
+from tdtree import Locked, Memmap, TensorDict
+from tdtree._memmap import META, leaf_name, reference, resolve
+from tdtree._pickle import rebuild_node
+from tdtree._tags import retag
+from tdtree.errors import MemmapError
+from tdtree.testing import assert_equal
+
+MM = frozenset({Memmap, Locked})
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(tt.__file__)))
+
+
+def nested() -> TensorDict:
+    return TensorDict(
+        {
+            "obs": torch.randn(4, 3),
+            "mask": torch.tensor([True, False, True, True]),
+            "next": {"reward": torch.arange(4.0).unsqueeze(-1), "done": torch.zeros(4, 0)},
+        },
+        batch_size=[4],
+    )
+
+
+def sub_nodes(node: TensorDict) -> list[TensorDict]:
+    out = [node]
+    for value in node.values():
+        if isinstance(value, TensorDict):
+            out.extend(sub_nodes(value))
+    return out
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def run_child(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def test_memmap_writes_one_file_per_leaf_and_maps_them(tmp_path):
+    td = nested()
+    prefix = tmp_path / "mm"
+    out = td.memmap(prefix)
+    assert_equal(out, retag(td, MM))
+    assert all(n.tags == MM for n in sub_nodes(out))
+    assert isinstance(out, TensorDict[Memmap, Locked]) and out.is_memmap and out.is_locked
+    assert sorted(os.listdir(prefix)) == sorted([META, *(leaf_name(i) for i in range(4))])
+    for _, leaf in out.items(include_nested=True, leaves_only=True):
+        if leaf.numel():
+            assert os.path.dirname(leaf.untyped_storage().filename) == str(prefix)
+    doc = json.loads((prefix / META).read_text())
+    assert doc["version"] == 1 and doc["tags"] == ["Locked", "Memmap"]
+    assert doc["tree"]["batch_size"] == [4]
+
+
+def test_memmap_leaves_input_unchanged(tmp_path):
+    td = nested()
+    before = [(leaf, leaf._version, leaf.clone()) for leaf in td.values(True, True)]
+    out = td.memmap(tmp_path / "mm")
+    for (leaf, version, copy), now in zip(before, td.values(True, True)):
+        assert now is leaf and now._version == version and torch.equal(now, copy)
+    for a, b in zip(td.values(True, True), out.values(True, True)):
+        assert b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+
+
+def test_memmap_of_tagged_node_makes_its_own_tags(tmp_path):
+    out = nested().lock().memmap(tmp_path / "mm")
+    assert out.tags == MM
+    again = out.unlock().memmap(tmp_path / "again")
+    assert again.tags == MM
+
+
+def test_noncontiguous_and_expanded_leaves_are_written_as_values(tmp_path):
+    base = torch.arange(12.0).reshape(3, 4)
+    td = TensorDict({"t": base.T, "e": torch.arange(4).expand(5, 4).T, "z": torch.empty(4, 0, 2)}, [4])
+    out = td.memmap(tmp_path / "mm")
+    assert_equal(out, retag(td, MM))
+    sizes = {k: (tmp_path / "mm" / leaf_name(i)).stat().st_size for i, k in enumerate(["e", "t", "z"])}
+    assert sizes == {"e": 4 * 5 * 8, "t": 12 * 4, "z": 0}
+    assert out["t"].is_contiguous() and out["e"].stride() == (5, 1)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+     torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32,
+     torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2],
+    ids=str,
+)
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_every_mappable_dtype_round_trips(tmp_path, dtype):
+    raw = torch.randint(0, 256, (3, 2, 16), dtype=torch.uint8)
+    value = raw.view(dtype) if dtype != torch.bool else raw > 100
+    td = TensorDict({"x": value, "scalar": value[:, 0, 0]}, [3])
+
+    def same_bits(a, b):
+        return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+    out = td.memmap(tmp_path / "mm")
+    back = tt.load_memmap(tmp_path / "mm")
+    for node in (out, back):
+        assert node["x"].dtype == dtype and node["scalar"].shape == (3,)
+        assert same_bits(node["x"], value) and same_bits(node["scalar"].unsqueeze(-1), value[:, 0, :1])
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_unmappable_dtype_is_refused_before_writing(tmp_path):
+    q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+    td = TensorDict({"ok": torch.zeros(4), "sub": {"q": q}}, [4])
+    with pytest.raises(MemmapError, match=r"leaf \('sub', 'q'\) of dtype torch.qint8"):
+        td.memmap(tmp_path / "mm")
+    assert os.listdir(tmp_path) == []
+
+
+def test_conjugate_and_negative_views_are_written_resolved(tmp_path):
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    td = TensorDict({"c": z.conj(), "n": torch._neg_view(torch.tensor([1.0, -2.0]))}, [2])
+    out = td.memmap(tmp_path / "mm")
+    assert torch.equal(out["c"], torch.tensor([1 - 2j, 3 + 4j], dtype=torch.complex64))
+    assert torch.equal(out["n"], torch.tensor([-1.0, 2.0]))
+
+
+def test_device_is_cpu_or_none(tmp_path):
+    empty = TensorDict({}, []).memmap(tmp_path / "empty")
+    assert empty.device is None and empty.tags == MM and len(empty) == 0
+    assert tt.load_memmap(tmp_path / "empty").device is None
+    out = nested().memmap(tmp_path / "mm")
+    assert out.device == torch.device("cpu")
+
+
+# -- existing prefixes and atomic replacement -------------------------------------------------------
+
+
+def test_existing_prefix_is_an_error_without_existsok(tmp_path):
+    nested().memmap(tmp_path / "mm")
+    before = (tmp_path / "mm" / META).read_bytes()
+    with pytest.raises(MemmapError, match=r"mm exists; pass existsok=True"):
+        TensorDict({"a": torch.ones(2)}, [2]).memmap(tmp_path / "mm")
+    assert (tmp_path / "mm" / META).read_bytes() == before
+    assert os.listdir(tmp_path) == ["mm"]
+
+
+def test_existsok_replaces_and_old_mapping_stays_valid(tmp_path):
+    prefix = tmp_path / "mm"
+    old = TensorDict({"a": torch.zeros(3)}, [3]).memmap(prefix)
+    new = TensorDict({"b": torch.ones(2, 2)}, [2]).memmap(prefix, existsok=True)
+    assert os.listdir(tmp_path) == ["mm"]
+    assert sorted(os.listdir(prefix)) == sorted([META, leaf_name(0)])
+    assert_equal(tt.load_memmap(prefix), new)
+    assert torch.equal(old["a"], torch.zeros(3))
+
+
+def test_existsok_replaces_its_own_source(tmp_path):
+    prefix = tmp_path / "mm"
+    first = nested().memmap(prefix)
+    again = first.memmap(prefix, existsok=True)
+    assert_equal(again, first)
+    assert_equal(tt.load_memmap(prefix), first)
+
+
+def test_existsok_takes_an_empty_directory(tmp_path):
+    (tmp_path / "mm").mkdir()
+    out = nested().memmap(tmp_path / "mm", existsok=True)
+    assert_equal(tt.load_memmap(tmp_path / "mm"), out)
+
+
+def test_existsok_never_replaces_foreign_files(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "notes.txt").write_text("keep me")
+    (tmp_path / "file").write_text("keep me too")
+    with pytest.raises(MemmapError, match=r"docs is a non-empty directory without meta.json"):
+        nested().memmap(tmp_path / "docs", existsok=True)
+    with pytest.raises(MemmapError, match=r"file exists and is not a directory"):
+        nested().memmap(tmp_path / "file", existsok=True)
+    assert (tmp_path / "docs" / "notes.txt").read_text() == "keep me"
+    assert (tmp_path / "file").read_text() == "keep me too"
+    assert sorted(os.listdir(tmp_path)) == ["docs", "file"]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "replacing"])
+def test_write_error_leaves_the_old_directory_or_none(tmp_path, monkeypatch, existing):
+    from tdtree import _memmap
+
+    prefix = tmp_path / "mm"
+    if existing:
+        old = TensorDict({"a": torch.arange(3)}, [3]).memmap(prefix)
+    real = _memmap._write_leaf
+    calls = []
+
+    def failing(path, tensor):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(path, tensor)
+
+    monkeypatch.setattr(_memmap, "_write_leaf", failing)
+    fds = open_fds()
+    with pytest.raises(MemmapError, match=r"cannot write .*mm/leaf-000001.bin: .*No space left"):
+        nested().memmap(prefix, existsok=True)
+    assert open_fds() == fds
+    if existing:
+        assert os.listdir(tmp_path) == ["mm"]
+        assert_equal(tt.load_memmap(prefix), old)
+    else:
+        assert os.listdir(tmp_path) == []
+
+
+def test_interrupt_while_writing_cleans_up(tmp_path, monkeypatch):
+    from tdtree import _memmap
+
+    def interrupted(path, tensor):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_memmap, "_write_leaf", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        nested().memmap(tmp_path / "mm")
+    assert os.listdir(tmp_path) == []
+
+
+def test_missing_parents_are_created(tmp_path):
+    out = nested().memmap(tmp_path / "a" / "b" / "mm")
+    assert_equal(tt.load_memmap(tmp_path / "a" / "b" / "mm"), out)
+
+
+# -- keys as file names ----------------------------------------------------------------------------
+
+
+KEYS = ["a/b", "..", "../../evil", "/etc/passwd", "with space", "ünïcødé ✓", "x" * 1000, "Case", "case", "", ".", "\\", "nul\x00byte"]
+
+
+def test_any_key_round_trips_and_nothing_escapes(tmp_path):
+    work = tmp_path / "deep" / "er"
+    work.mkdir(parents=True)
+    data = {k: torch.full((2,), float(i)) for i, k in enumerate(KEYS)}
+    td = TensorDict({**data, "sub": {"../../evil": torch.zeros(2, 1)}}, [2])
+    listing = {p: sorted(os.listdir(p)) for p in (tmp_path, tmp_path / "deep", work)}
+    out = td.memmap(work / "mm")
+    assert_equal(tt.load_memmap(work / "mm"), out)
+    assert_equal(out, retag(td, MM))
+    assert {p: sorted(os.listdir(p)) for p in (tmp_path, tmp_path / "deep")} == {
+        p: v for p, v in listing.items() if p != work
+    }
+    assert sorted(os.listdir(work)) == ["mm"]
+    assert sorted(os.listdir(work / "mm")) == sorted([META, *(leaf_name(i) for i in range(len(KEYS) + 1))])
+
+
+# -- loading -----------------------------------------------------------------------------------------
+
+
+def test_load_memmap_maps_the_files(tmp_path):
+    td = nested()
+    td.memmap(tmp_path / "mm")
+    back = tt.load_memmap(str(tmp_path / "mm"))
+    assert_equal(back, retag(td, MM))
+    assert all(n.tags == MM for n in sub_nodes(back))
+    assert back["obs"].untyped_storage().filename == str(tmp_path / "mm" / leaf_name(3))
+
+
+def test_r_plus_writes_reach_the_file_and_other_mappings(tmp_path):
+    a = nested().memmap(tmp_path / "mm")
+    b = tt.load_memmap(tmp_path / "mm", mode="r+")
+    b["obs"][0, 0] = 123.0
+    assert a["obs"][0, 0] == 123.0
+    assert tt.load_memmap(tmp_path / "mm")["obs"][0, 0] == 123.0
+
+
+def test_r_mode_writes_stay_private(tmp_path):
+    a = nested().memmap(tmp_path / "mm")
+    before = a["obs"].clone()
+    ro = tt.load_memmap(tmp_path / "mm", mode="r")
+    assert ro.tags == MM
+    ro["obs"].zero_()
+    assert torch.equal(ro["obs"], torch.zeros(4, 3))
+    assert torch.equal(a["obs"], before)
+    assert torch.equal(tt.load_memmap(tmp_path / "mm", mode="r")["obs"], before)
+
+
+def test_bad_mode():
+    with pytest.raises(ValueError, match=r"mode must be 'r' .* or 'r\+' .*got 'w'"):
+        tt.load_memmap("/nonexistent", mode="w")
+
+
+def test_another_process_sees_in_place_writes(tmp_path):
+    prefix = tmp_path / "mm"
+    mine = TensorDict({"x": torch.zeros(3)}, [3]).memmap(prefix)
+    run_child(
+        f"""
+        import tdtree, torch
+        td = tdtree.load_memmap({str(prefix)!r})
+        assert td.tags == frozenset({{tdtree.Memmap, tdtree.Locked}})
+        td["x"].copy_(torch.tensor([1.0, 2.0, 3.0]))
+        """
+    )
+    assert torch.equal(mine["x"], torch.tensor([1.0, 2.0, 3.0]))
+    mine["x"][0] = 9.0
+    seen = run_child(
+        f"""
+        import tdtree
+        print(tdtree.load_memmap({str(prefix)!r}, mode="r")["x"].tolist())
+        """
+    )
+    assert seen.strip() == "[9.0, 2.0, 3.0]"
+
+
+# -- errors naming the file ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stored(tmp_path):
+    nested().memmap(tmp_path / "mm")
+    return tmp_path / "mm"
+
+
+def edit_meta(prefix, fn):
+    doc = json.loads((prefix / META).read_text())
+    fn(doc)
+    (prefix / META).write_text(json.dumps(doc))
+
+
+def test_missing_metadata_file(tmp_path):
+    (tmp_path / "mm").mkdir()
+    with pytest.raises(MemmapError, match=r"missing metadata file .*mm/meta.json"):
+        tt.load_memmap(tmp_path / "mm")
+    with pytest.raises(MemmapError, match=r"missing metadata file .*nothing/meta.json"):
+        tt.load_memmap(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("{not json", r"Expecting property name"),
+        ("[1, 2]", r"not a tdtree memmap description"),
+        ('{"format": "tdtree-memmap", "version": 1, "type": "os.system", "tree": {}}', r"unknown node type 'os.system'"),
+        ("[" * 100000 + "]" * 100000, r"recursion|nests too deeply"),
+    ],
+    ids=["syntax", "not-a-dict", "bad-type", "deep"],
+)
+def test_corrupt_metadata_file(stored, text, reason):
+    (stored / META).write_text(text)
+    with pytest.raises(MemmapError, match=rf"corrupt metadata file .*mm/meta.json: .*{reason}"):
+        tt.load_memmap(stored)
+
+
+@pytest.mark.parametrize(
+    "edit, reason",
+    [
+        (lambda d: d["tree"].update(batch_size=[5]), r"entry 'mask' has shape \(4,\), which does not start with the batch_size \(5,\)"),
+        (lambda d: d["tree"].update(batch_size="4"), r"the root node has a malformed batch_size '4'"),
+        (lambda d: d["tree"]["entries"].append(["mask", {"leaf": 4, "dtype": "bool", "shape": [4]}]), r"the root node holds the key 'mask' twice"),
+        (lambda d: d["tree"]["entries"][0][1].update(leaf=3), r"leaf 'mask' should be leaf 0, found 3"),
+        (lambda d: d["tree"]["entries"][0][1].update(shape=[-1]), r"leaf 'mask' has a malformed shape \[-1\]"),
+        (lambda d: d["tree"]["entries"][0][1].update(dtype="float99"), r"leaf 'mask' has an unknown dtype 'float99'"),
+        (lambda d: d["tree"].update(device="cuda"), r"device 'cuda': memmapped leaves live on the cpu"),
+        (lambda d: d["tree"]["entries"].append([3, {}]), r"the root node has a malformed entry \[3, \{\}\]"),
+    ],
+    ids=["batch", "batch-type", "duplicate", "index", "shape", "dtype", "device", "entry"],
+)
+def test_metadata_that_does_not_fit(stored, edit, reason):
+    edit_meta(stored, edit)
+    with pytest.raises(MemmapError, match=rf"corrupt metadata file .*mm/meta.json: {reason}"):
+        tt.load_memmap(stored)
+
+
+def test_unknown_format_version(stored):
+    edit_meta(stored, lambda d: d.update(version=99))
+    with pytest.raises(MemmapError, match=r"meta.json has format version 99; this tdtree reads version 1"):
+        tt.load_memmap(stored)
+
+
+def test_dtype_that_cannot_be_mapped(stored):
+    edit_meta(stored, lambda d: d["tree"]["entries"][0][1].update(dtype="qint8"))
+    with pytest.raises(MemmapError, match=r"leaf 'mask' in .*meta.json has dtype torch.qint8, which cannot be mapped"):
+        tt.load_memmap(stored)
+
+
+def test_missing_leaf_file_is_not_created(stored):
+    os.remove(stored / leaf_name(1))
+    fds = open_fds()
+    with pytest.raises(MemmapError, match=r"missing leaf file .*mm/leaf-000001.bin"):
+        tt.load_memmap(stored)
+    assert not (stored / leaf_name(1)).exists()
+    assert open_fds() == fds
+
+
+@pytest.mark.parametrize("size", [3, 100], ids=["short", "long"])
+def test_leaf_file_of_the_wrong_size_is_not_changed(stored, size):
+    (stored / leaf_name(0)).write_bytes(b"\x01" * size)
+    with pytest.raises(MemmapError, match=rf"leaf file .*mm/leaf-000000.bin holds {size} bytes; its metadata asks for 4"):
+        tt.load_memmap(stored)
+    assert (stored / leaf_name(0)).stat().st_size == size
+
+
+# -- pickling ------------------------------------------------------------------------------------------
+
+
+def torch_round_trip(td, weights_only):
+    buf = io.BytesIO()
+    torch.save(td, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=weights_only)
+
+
+@pytest.mark.parametrize("kind", ["plain", "locked", "memmap"])
+@pytest.mark.parametrize("how", ["pickle", "torch-weights-only", "torch-full"])
+def test_pickling_keeps_values_and_tags(tmp_path, kind, how):
+    td = {"plain": nested, "locked": lambda: nested().lock(), "memmap": lambda: nested().memmap(tmp_path / "mm")}[kind]()
+    if how == "pickle":
+        back = pickle.loads(pickle.dumps(td))
+    else:
+        back = torch_round_trip(td, weights_only=how == "torch-weights-only")
+    assert_equal(back, td)
+    assert all(n.tags == td.tags for n in sub_nodes(back))
+
+
+def test_memmap_pickles_by_reference(tmp_path):
+    td = TensorDict({"big": torch.zeros(1000, 1000), "empty": torch.zeros(1000, 0)}, [1000]).memmap(tmp_path / "mm")
+    data = pickle.dumps(td)
+    assert len(data) < 2000
+    back = pickle.loads(data)
+    assert back["big"].untyped_storage().filename == td["big"].untyped_storage().filename
+    back["big"][3, 4] = 5.0
+    assert td["big"][3, 4] == 5.0
+
+
+def test_read_only_node_unpickles_read_only(tmp_path):
+    nested().memmap(tmp_path / "mm")
+    ro = tt.load_memmap(tmp_path / "mm", mode="r")
+    back = pickle.loads(pickle.dumps(ro))
+    assert back.tags == MM and back["obs"].untyped_storage().filename is None
+    back["obs"].fill_(7.0)
+    assert not torch.equal(tt.load_memmap(tmp_path / "mm")["obs"], back["obs"])
+
+
+def test_memmap_node_pickles_to_another_process(tmp_path):
+    td = TensorDict({"x": torch.zeros(2)}, [2]).memmap(tmp_path / "mm")
+    (tmp_path / "node.pkl").write_bytes(pickle.dumps(td))
+    run_child(
+        f"""
+        import pickle, tdtree
+        td = pickle.loads(open({str(tmp_path / "node.pkl")!r}, "rb").read())
+        assert td.is_memmap and td.is_locked
+        td["x"].fill_(4.0)
+        """
+    )
+    assert torch.equal(td["x"], torch.full((2,), 4.0))
+
+
+def test_views_of_a_memmap_leaf_pickle_by_reference(tmp_path):
+    td = TensorDict({"m": torch.arange(12.0).reshape(4, 3)}, [4]).memmap(tmp_path / "mm")
+    view = td["m"].T[1:, 1:3]
+    ref = reference(view)
+    assert ref[1:3] == (str(tmp_path / "mm"), 0) and ref[6:] == ((2, 2), (1, 3), 4)
+    again = resolve(ref)
+    assert torch.equal(again, view)
+    again[0, 0] = -1.0
+    assert td["m"][1, 1] == -1.0
+
+
+def test_memmap_tag_on_unmapped_leaves_cannot_pickle():
+    fake = retag(TensorDict({"a": torch.ones(2)}, [2]), MM)
+    with pytest.raises(MemmapError, match=r"leaf is not mapped from a memmap file; pickle node.unlock\(\).clone\(\)"):
+        pickle.dumps(fake)
+
+
+class Crafted:
+    """Builds a pickle that hands rebuild_node (the one safe global) a leaf reference of its choosing."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def __reduce__(self):
+        return rebuild_node, ("tdtree.TensorDict", ("a",), (self.ref,), (), None, ("Locked", "Memmap"))
+
+
+def test_crafted_references_open_nothing_else(tmp_path):
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / leaf_name(0)).write_bytes(b"\x00" * 8)
+    target = tmp_path / "planted"
+    cases = [
+        (("tdtree.memmap-leaf", str(secret), 0, True, 8, "float32", (2,), (1,), 0), r"holds no meta.json"),
+        (("tdtree.memmap-leaf", str(target), 0, True, 8, "float32", (2,), (1,), 0), r"holds no meta.json"),
+        (("tdtree.memmap-leaf", "/x", "0", True, 8, "float32", (2,), (1,), 0), r"malformed memmap leaf reference"),
+        (("os.system", "touch x"), r"malformed memmap leaf reference"),
+    ]
+    nested().memmap(tmp_path / "mm")
+    cases += [
+        (("tdtree.memmap-leaf", str(tmp_path / "mm"), 7, True, 8, "float32", (2,), (1,), 0), r"missing leaf file .*leaf-000007.bin"),
+        (("tdtree.memmap-leaf", str(tmp_path / "mm"), 3, True, 48, "float32", (20,), (1,), 0), r"reference does not fit .*leaf-000003.bin"),
+    ]
+    for ref, message in cases:
+        buf = io.BytesIO()
+        torch.save(Crafted(ref), buf)
+        buf.seek(0)
+        with pytest.raises(MemmapError, match=message):
+            torch.load(buf, weights_only=True)
+    assert not target.exists() and not (tmp_path / "mm" / leaf_name(7)).exists()
+    assert (secret / leaf_name(0)).stat().st_size == 8

@@ -1,0 +1,215 @@
+"""tdtree.save / tdtree.load: one file, atomic writes, safe against untrusted input."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+import tdtree as tt
+from tdtree import Locked, TensorDict
+from tdtree.errors import SerializationError
+from tdtree.testing import assert_equal
+
+
+def nested() -> TensorDict:
+    return TensorDict(
+        {
+            "obs": torch.randn(4, 3),
+            "mask": torch.tensor([True, False, True, True]),
+            "half": torch.randn(4, 2, dtype=torch.bfloat16),
+            "z": torch.randn(4, dtype=torch.complex64),
+            "next": {"reward": torch.arange(4.0).unsqueeze(-1), "done": torch.zeros(4, 0), "deep": {"x": torch.ones(4, 2, 1)}},
+        },
+        batch_size=[4],
+    )
+
+
+class Marker:
+    """Unpickling this runs a shell command that creates a marker file."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.path}",)
+
+
+def test_round_trip(tmp_path):
+    td = nested()
+    tt.save(td, tmp_path / "td.pt")
+    back = tt.load(tmp_path / "td.pt")
+    assert_equal(back, td)
+    assert back.tags == frozenset() and back.device == torch.device("cpu")
+    for a, b in zip(td.values(True, True), back.values(True, True)):
+        assert b.numel() == 0 or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+
+
+def test_save_leaves_input_unchanged(tmp_path):
+    td = nested()
+    before = [(leaf, leaf._version, leaf.clone()) for leaf in td.values(True, True)]
+    tt.save(td, str(tmp_path / "td.pt"))
+    for (leaf, version, copy), now in zip(before, td.values(True, True)):
+        assert now is leaf and now._version == version and torch.equal(now, copy)
+
+
+def test_empty_and_odd_keys_round_trip(tmp_path):
+    keys = ["a/b", "../../evil", "ünïcødé", "x" * 1000, "Case", "case", ""]
+    td = TensorDict({k: torch.full((2,), float(i)) for i, k in enumerate(keys)}, [2])
+    tt.save(td, tmp_path / "td.pt")
+    assert_equal(tt.load(tmp_path / "td.pt"), td)
+    assert os.listdir(tmp_path) == ["td.pt"]
+    tt.save(TensorDict({}, []), tmp_path / "empty.pt")
+    assert_equal(tt.load(tmp_path / "empty.pt"), TensorDict({}, []))
+
+
+def test_views_are_saved_as_compact_values(tmp_path):
+    big = torch.randn(1000, 100)
+    td = TensorDict({"row": big[3:5], "t": big[:4, :2].T.T, "e": torch.arange(3).expand(4, 3)}, [])
+    tt.save(td, tmp_path / "td.pt")
+    assert os.path.getsize(tmp_path / "td.pt") < 20_000
+    back = tt.load(tmp_path / "td.pt")
+    assert_equal(back, td)
+    assert back["e"].stride() == (3, 1)
+
+
+def test_conjugate_views_are_saved_resolved(tmp_path):
+    z = torch.tensor([1 + 2j], dtype=torch.complex64)
+    tt.save(TensorDict({"c": z.conj()}, [1]), tmp_path / "td.pt")
+    back = tt.load(tmp_path / "td.pt")
+    assert not back["c"].is_conj() and torch.equal(back["c"], torch.tensor([1 - 2j], dtype=torch.complex64))
+
+
+def test_locked_is_kept_and_storage_tags_are_not(tmp_path):
+    tt.save(nested().lock(), tmp_path / "locked.pt")
+    back = tt.load(tmp_path / "locked.pt")
+    assert back.tags == frozenset({Locked}) and back["next"].tags == frozenset({Locked})
+    mm = nested().memmap(tmp_path / "mm")
+    tt.save(mm, tmp_path / "mm.pt")
+    back = tt.load(tmp_path / "mm.pt")
+    assert back.tags == frozenset({Locked})
+    assert_equal(back, mm, check_tags=False)
+    assert back["obs"].untyped_storage().filename is None
+
+
+def test_devices_are_kept_as_recorded(tmp_path):
+    td = TensorDict({"a": torch.zeros(2), "empty": TensorDict({}, [2])}, [2])
+    assert td.device == td["empty"].device == torch.device("cpu")
+    tt.save(td, tmp_path / "td.pt")
+    assert_equal(tt.load(tmp_path / "td.pt"), td)
+    td.memmap(tmp_path / "mm")
+    assert_equal(tt.load_memmap(tmp_path / "mm"), td, check_tags=False)
+
+
+def test_device_argument(tmp_path):
+    tt.save(nested(), tmp_path / "td.pt")
+    back = tt.load(tmp_path / "td.pt", device="cpu")
+    assert back.device == torch.device("cpu") and back["next"].device == torch.device("cpu")
+    no_device = TensorDict({}, [])
+    tt.save(no_device, tmp_path / "none.pt")
+    assert tt.load(tmp_path / "none.pt").device is None
+
+
+def test_save_replaces_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "td.pt"
+    tt.save(TensorDict({"a": torch.zeros(2)}, [2]), path)
+    td = nested()
+    tt.save(td, path)
+    assert_equal(tt.load(path), td)
+    before = path.read_bytes()
+
+    def broken(obj, f, *args, **kwargs):
+        with open(f, "wb") as out:
+            out.write(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError, match="No space left"):
+        tt.save(TensorDict({"b": torch.ones(3)}, [3]), path)
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["td.pt"]
+
+
+def test_save_refuses_non_nodes(tmp_path):
+    with pytest.raises(TypeError, match=r"tdtree.save takes a node, got dict"):
+        tt.save({"a": torch.zeros(1)}, tmp_path / "x.pt")
+    assert os.listdir(tmp_path) == []
+
+
+# -- untrusted input -----------------------------------------------------------------------------------
+
+
+def test_the_marker_pickle_is_real(tmp_path):
+    marker = tmp_path / "proof"
+    pickle.loads(pickle.dumps(Marker(marker)))
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("writer", ["torch.save", "pickle"])
+def test_malicious_pickle_is_refused_and_never_run(tmp_path, writer):
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.pt"
+    if writer == "torch.save":
+        torch.save({"tdtree": "{}", "tensors": [Marker(marker)]}, path)
+    else:
+        path.write_bytes(pickle.dumps(Marker(marker), protocol=2))
+    with pytest.raises(SerializationError, match=r"refused to load .*evil.pt: .*GLOBAL posix.system"):
+        tt.load(path)
+    assert not marker.exists()
+
+
+def test_a_pickled_node_is_not_a_save_file(tmp_path):
+    torch.save(nested(), tmp_path / "node.pt")
+    with pytest.raises(SerializationError, match=r"corrupt tdtree save file .*node.pt: it does not hold a tdtree description"):
+        tt.load(tmp_path / "node.pt")
+
+
+def test_garbage_file(tmp_path):
+    (tmp_path / "junk").write_bytes(b"\x00\x01 this is not a checkpoint")
+    with pytest.raises(SerializationError, match=r"refused to load .*junk: it is not a tdtree save file.*\(Unsupported operand 0\)"):
+        tt.load(tmp_path / "junk")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope.pt"):
+        tt.load(tmp_path / "nope.pt")
+
+
+def rewrite(path, fn):
+    payload = torch.load(path, weights_only=True)
+    doc = json.loads(payload["tdtree"])
+    fn(doc, payload)
+    payload["tdtree"] = json.dumps(doc)
+    torch.save(payload, path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d, p: d.update(version=2), r"td.pt has format version 2; this tdtree reads version 1"),
+        (lambda d, p: d.update(format="other"), r"corrupt tdtree save file .*: its description is not a tdtree save"),
+        (lambda d, p: d.update(type="builtins.eval"), r"corrupt tdtree save file .*: unknown node type 'builtins.eval'"),
+        (lambda d, p: p["tensors"].append(torch.zeros(1)), r"corrupt tdtree save file .*: it holds 4 tensors for 3 leaves"),
+        (lambda d, p: p["tensors"].pop(), r"leaf \('c', 'd'\) should be torch.float32 \(2,\), found None"),
+        (lambda d, p: p["tensors"].__setitem__(0, torch.zeros(2, dtype=torch.int32)), r"leaf 'a' should be torch.float32 \(2, 1\), found torch.int32 \(2,\)"),
+        (lambda d, p: d["tree"].update(batch_size=[3]), r"entry 'a' has shape \(2, 1\), which does not start with the batch_size \(3,\)"),
+        (lambda d, p: d["tree"].update(device="nowhere"), r"unknown device 'nowhere'"),
+        (lambda d, p: d["tree"].update(device="meta"), r"the root node is on meta but its leaf 'a' is on cpu"),
+    ],
+    ids=["version", "format", "type", "extra", "missing", "mismatch", "batch", "device", "device-leaf"],
+)
+def test_descriptions_that_do_not_fit(tmp_path, edit, message):
+    path = tmp_path / "td.pt"
+    tt.save(TensorDict({"a": torch.zeros(2, 1), "b": torch.arange(2), "c": {"d": torch.ones(2)}}, [2]), path)
+    rewrite(path, edit)
+    with pytest.raises(SerializationError, match=message):
+        tt.load(path)
+
+
+def test_description_that_is_not_json(tmp_path):
+    torch.save({"tdtree": "{nope", "tensors": []}, tmp_path / "td.pt")
+    with pytest.raises(SerializationError, match=r"corrupt tdtree save file .*td.pt: its description is not JSON"):
+        tt.load(tmp_path / "td.pt")
