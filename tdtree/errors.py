@@ -13,6 +13,7 @@ __all__ = [
     "LockedError",
     "MemmapError",
     "NotANodeKeyError",
+    "OutKeysError",
 ]
 
 
@@ -84,3 +85,7 @@ class LockedError(RuntimeError):
 
 class MemmapError(OSError):
     """A memory-mapped node could not be written or read; the message names the file."""
+
+
+class OutKeysError(ValueError):
+    """A module wrapped by ``tdtree.nn.TDModule`` returned a different number of outputs than it has out_keys."""
