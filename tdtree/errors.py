@@ -14,6 +14,7 @@ __all__ = [
     "LockedError",
     "MemmapError",
     "NotANodeKeyError",
+    "OutKeysError",
     "SerializationError",
 ]
 
@@ -95,3 +96,7 @@ class BatchDimError(IndexError):
 class SerializationError(OSError):
     """A file given to ``tdtree.load`` is not a tdtree save file, is corrupt, or holds objects that
     safe loading refuses to rebuild; the message names the file."""
+
+
+class OutKeysError(ValueError):
+    """A module wrapped by ``tdtree.nn.TDModule`` returned a different number of outputs than it has out_keys."""

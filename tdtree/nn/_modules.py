@@ -1,0 +1,193 @@
+"""Modules that read and write nodes: :class:`TDModule` and :class:`TDSequential`.
+
+Both are ordinary ``nn.Module``s: they nest in other models, their
+parameters show in ``from_module`` under the attribute path (``"module"`` for
+a TDModule, ``"0"``, ``"1"``, ... for the members of a TDSequential), and
+``functional_call`` / ``torch.func`` / ``torch.compile`` see through them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+from torch import nn
+
+from .. import _keyops
+from .._base import Node
+from .._keys import NestedKey, as_path, display, is_key
+from ..errors import KeyNotFoundError, OutKeysError
+
+__all__ = ["TDModule", "TDSequential"]
+
+
+def _paths(keys: NestedKey | Sequence[NestedKey], what: str) -> tuple[tuple[str, ...], ...]:
+    if is_key(keys):
+        return (as_path(keys),)
+    paths = tuple(as_path(k) for k in keys)
+    if len(set(paths)) != len(paths):
+        raise ValueError(f"{what} {[display(p) for p in paths]} name a key twice")
+    return paths
+
+
+class TDModule(nn.Module):
+    """``module`` reading its inputs from a node and writing its outputs into it.
+
+    Args:
+        module: any callable ``nn.Module``; it is called with the entries at
+            ``in_keys`` as positional arguments.
+        in_keys: a key (a str, or a tuple of str for a nested key) or a list
+            of keys, as in tensordict: ``("obs", "pixels")`` is one nested key.
+        out_keys: a key or a list of keys; a module that returns a tuple fills
+            one key per element, in order.
+
+    Calling it on a node returns ``node.set(out_key, output)`` for every out
+    key (the input is not changed). Tags follow the rule of ``set``: a new
+    output tensor drops them, and a Locked node refuses (LockedError).
+
+    Raises:
+        KeyNotFoundError: an in key is not in the node.
+        OutKeysError: the module returned a number of outputs that differs from
+            the number of out keys.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        in_keys: NestedKey | Sequence[NestedKey],
+        out_keys: NestedKey | Sequence[NestedKey],
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self._in = _paths(in_keys, "in_keys")
+        self._out = _paths(out_keys, "out_keys")
+        if not self._out:
+            raise ValueError("TDModule needs at least one out key to write the module's output to")
+        self.in_keys: list[NestedKey] = [display(p) for p in self._in]
+        self.out_keys: list[NestedKey] = [display(p) for p in self._out]
+
+    def forward(self, td: Node) -> Node:
+        # _modules directly: nn.Module.__getattr__'s fallback costs a microsecond per call
+        module: Any = self._modules["module"]
+        out = module(*[_keyops.get(td, p) for p in self._in])
+        keys = self._out
+        if len(keys) == 1:
+            if type(out) is tuple:
+                raise OutKeysError(
+                    f"{type(self.module).__name__} returned a tuple of {len(out)} outputs for the one "
+                    f"out key {self.out_keys[0]!r}; give one out key per output"
+                )
+            return _keyops.set_entry(td, keys[0], out)
+        if type(out) not in (tuple, list) or len(out) != len(keys):
+            got = f"{len(out)} outputs" if type(out) in (tuple, list) else f"one {type(out).__name__}"
+            raise OutKeysError(
+                f"{type(self.module).__name__} returned {got} for the {len(keys)} out keys {self.out_keys}"
+            )
+        for path, value in zip(keys, out):
+            td = _keyops.set_entry(td, path, value)
+        return td
+
+    def extra_repr(self) -> str:
+        return f"in_keys={self.in_keys}, out_keys={self.out_keys}"
+
+
+def _written(path: tuple[str, ...], written: set[tuple[str, ...]]) -> bool:
+    return any(path[:i] in written for i in range(1, len(path) + 1))
+
+
+class TDSequential(nn.Module):
+    """TDModules (or TDSequentials) applied one after the other to a node.
+
+    Args:
+        modules: modules with ``in_keys`` and ``out_keys`` (TDModule,
+            TDSequential); they become children ``"0"``, ``"1"``, ...
+        selected_out_keys: when given, the output keeps only these of the keys
+            written by the chain, plus every key the input already had; the
+            other intermediate keys are dropped.
+
+    ``in_keys`` are the keys read before any module writes them (a key counts
+    as written when it or a key above it was written); ``out_keys`` are all the
+    keys written, in order of first write (for a member TDSequential with
+    selected keys, only those it keeps).
+
+    Raises:
+        KeyNotFoundError: a selected key is not among ``out_keys``.
+    """
+
+    def __init__(self, *modules: nn.Module, selected_out_keys: Sequence[NestedKey] | None = None) -> None:
+        super().__init__()
+        ins: list[tuple[str, ...]] = []
+        outs: list[tuple[str, ...]] = []
+        written: set[tuple[str, ...]] = set()
+        for i, module in enumerate(modules):
+            if not isinstance(module, nn.Module) or not hasattr(module, "in_keys") or not hasattr(module, "out_keys"):
+                raise TypeError(
+                    f"TDSequential member {i} is a {type(module).__name__}; members are TDModule or "
+                    "TDSequential (wrap a plain module with TDModule(module, in_keys, out_keys))"
+                )
+            self.add_module(str(i), module)
+            reads: Any = module.in_keys
+            for path in map(as_path, reads):
+                if not _written(path, written) and path not in ins:
+                    ins.append(path)
+            writes: Any = getattr(module, "selected_out_keys", None)
+            if writes is None:
+                writes = module.out_keys
+            for path in map(as_path, writes):
+                if path not in written:
+                    outs.append(path)
+                    written.add(path)
+        self.in_keys: list[NestedKey] = [display(p) for p in ins]
+        self.out_keys: list[NestedKey] = [display(p) for p in outs]
+        self.selected_out_keys: list[NestedKey] | None = None
+        self._drop: tuple[tuple[str, ...], ...] = ()
+        self._keep: tuple[tuple[str, ...], ...] = ()
+        if selected_out_keys is not None:
+            selected = _paths(selected_out_keys, "selected_out_keys")
+            for path in selected:
+                if path not in written:
+                    raise KeyNotFoundError(display(path), self.out_keys)
+            self.selected_out_keys = [display(p) for p in selected]
+            self._keep = selected
+            self._drop = tuple(p for p in outs if p not in selected)
+
+    def forward(self, td: Node) -> Node:
+        out = td
+        for module in self._members():
+            out = module(out)
+        if self._drop:
+            drop = [q for q in map(self._dropped, self._drop, (td,) * len(self._drop)) if q is not None]
+            if drop:
+                out = _keyops.exclude(out, *drop, strict=False)
+        return out
+
+    def _dropped(self, path: tuple[str, ...], td: Node) -> tuple[str, ...] | None:
+        # Drop the highest node the chain created for ``path`` that holds no
+        # kept key, so no empty sub-node is left behind; keep what the input had.
+        for i in range(1, len(path) + 1):
+            if _keyops.get(td, path[:i], None) is None:
+                break
+        else:
+            return None
+        for j in range(i, len(path) + 1):
+            top = path[:j]
+            if not any(k[:j] == top for k in self._keep):
+                return top
+        return None
+
+    def _members(self) -> list[nn.Module]:
+        return cast("list[nn.Module]", list(self._modules.values()))
+
+    def __getitem__(self, index: int) -> nn.Module:
+        """The member at position ``index``."""
+        return self._members()[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def select_out_keys(self, *keys: NestedKey) -> TDSequential:
+        """A TDSequential of the same members whose output keeps only ``keys`` of the written ones."""
+        return TDSequential(*self._members(), selected_out_keys=keys)
+
+    def extra_repr(self) -> str:
+        selected = "" if self.selected_out_keys is None else f", selected_out_keys={self.selected_out_keys}"
+        return f"in_keys={self.in_keys}, out_keys={self.out_keys}{selected}"

@@ -1,0 +1,116 @@
+"""Parameters as nodes: :func:`from_module` and :func:`functional_call`.
+
+A module's state becomes a node nested by sub-module path, so
+``nn.Sequential(nn.Linear(3, 4))`` gives ``{"0": {"weight": ..., "bias": ...}}``
+with batch_size ``()``. The node holds the module's own tensors (parameters
+stay ``nn.Parameter``, buffers stay plain tensors), so nothing is copied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._base import Node
+from .._node import TensorDict
+from .._tags import tag_rule
+from .._validate import build
+
+__all__ = ["from_module", "functional_call"]
+
+
+def _collect(module: nn.Module, params: bool, buffers: bool) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if params:
+        data.update((k, v) for k, v in module._parameters.items() if v is not None)
+    if buffers:
+        data.update((k, v) for k, v in module._buffers.items() if v is not None)
+    for name, sub in module._modules.items():
+        if sub is not None:
+            child = _collect(sub, params, buffers)
+            if child:
+                data[name] = child
+    return data
+
+
+@tag_rule
+def from_module(module: nn.Module, *, split: bool = False) -> TensorDict | tuple[TensorDict, TensorDict]:
+    """The module's parameters and buffers as a node nested by sub-module path.
+
+    Args:
+        module: any ``nn.Module``.
+        split: when True, return ``(params, buffers)``, two nodes of the same
+            layout, the first with the parameters only and the second with the
+            buffers only (an empty node when the module has none). This is the
+            form for training: take gradients with respect to ``params`` alone.
+
+    Returns:
+        One node holding parameters and buffers (``split=False``), or the pair
+        ``(params, buffers)``. Batch size ``()``; untagged. The leaves are the
+        module's own tensors: in the single node, parameters are the
+        ``nn.Parameter`` leaves and buffers the others. Sub-modules without
+        tensors (``nn.ReLU``) do not appear. Tied weights and shared
+        sub-modules appear once per path, holding the same tensor object.
+
+    >>> from_module(nn.Sequential(nn.Linear(3, 4))).keys(include_nested=True)
+    dict_keys(['0', ('0', 'bias'), ('0', 'weight')])
+    """
+    empty = torch.Size(())
+    if split:
+        return (
+            build(TensorDict, _collect(module, True, False), empty, None),
+            build(TensorDict, _collect(module, False, True), empty, None),
+        )
+    return build(TensorDict, _collect(module, True, True), empty, None)
+
+
+def _flat(node: Node, prefix: str, out: dict[str, torch.Tensor]) -> None:
+    for k, v in node._data.items():
+        if isinstance(v, Node):
+            _flat(v, prefix + k + ".", out)
+        else:
+            out[prefix + k] = v
+
+
+def _tie(module: nn.Module, flat: dict[str, torch.Tensor]) -> None:
+    # Tied paths share one tensor in the module; every path of a tied group
+    # takes the value given for its first path (module order), so a gradient
+    # or an optimiser step never unties them.
+    groups: dict[torch.Tensor, list[str]] = {}
+    for named in (module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)):
+        for name, tensor in named:
+            groups.setdefault(tensor, []).append(name)
+    for names in groups.values():
+        if len(names) > 1:
+            given = [n for n in names if n in flat]
+            if given:
+                value = flat[given[0]]
+                for n in names:
+                    flat[n] = value
+
+
+def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: Any, **kwargs: Any) -> Any:
+    """``module(*args, **kwargs)`` computed with the tensors of ``params`` in place of its own.
+
+    ``params`` is a node laid out as :func:`from_module` returns it, or a tuple
+    of such nodes (``(params, buffers)``). Entries it lacks fall back to the
+    module's own tensors (torch's ``strict=False``). The module is not changed.
+    A thin layer over ``torch.func.functional_call``, so ``torch.func.grad``,
+    ``vmap`` and ``torch.compile`` see through it; gradients come back as a node
+    of the same layout.
+
+    Tied weights: a tied group takes the value of its first path (the order
+    of ``module.named_parameters()``); values at the group's other paths are
+    ignored and get zero gradient, so the model stays tied through training.
+
+    Returns:
+        Whatever the module returns (a TDModule returns a node; tags follow the
+        rule inside it).
+    """
+    flat: dict[str, torch.Tensor] = {}
+    for node in params if isinstance(params, tuple) else (params,):
+        _flat(node, "", flat)
+    _tie(module, flat)
+    return torch.func.functional_call(module, flat, args, kwargs, tie_weights=False, strict=False)

@@ -1,0 +1,163 @@
+"""tdtree.optim: pure sgd and adam agree with torch.optim step for step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import tdtree as tt
+from tdtree.nn import from_module, functional_call
+from tdtree.optim import AdamState, adam, adam_init, sgd
+from tdtree.testing import assert_close, assert_equal
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh())
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def detached(module: nn.Module) -> tt.TensorDict:
+    return tt.tree.map(lambda p: p.detach().clone(), from_module(module))
+
+
+def run(
+    make_opt: Callable[[Any], torch.optim.Optimizer],
+    step: Callable[[tt.TensorDict, tt.TensorDict, Any], tuple[tt.TensorDict, Any]],
+    state: Callable[[tt.TensorDict], Any],
+) -> None:
+    torch.manual_seed(1)
+    x, y = torch.randn(32, 6), torch.randn(32, 2)
+    model = Net()
+    params = detached(model)
+    opt_state = state(params)
+    opt = make_opt(model.parameters())
+
+    def loss(p: tt.TensorDict) -> torch.Tensor:
+        return ((functional_call(model, p, x) - y) ** 2).mean()
+
+    for _ in range(20):
+        grads = torch.func.grad(loss)(params)
+        params, opt_state = step(params, grads, opt_state)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        assert_close(params, detached(model))
+
+
+def test_sgd_matches_torch() -> None:
+    run(lambda ps: torch.optim.SGD(ps, lr=0.1), lambda p, g, s: sgd(p, g, 0.1), lambda p: None)
+
+
+def test_sgd_momentum_matches_torch() -> None:
+    run(
+        lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+        lambda p, g, s: sgd(p, g, 0.05, momentum=0.9, momentum_state=s),
+        lambda p: None,
+    )
+
+
+def test_adam_matches_torch() -> None:
+    run(lambda ps: torch.optim.Adam(ps, lr=1e-2), lambda p, g, s: adam(p, g, s, lr=1e-2), adam_init)
+
+
+def test_adam_matches_torch_other_hyperparameters() -> None:
+    run(
+        lambda ps: torch.optim.Adam(ps, lr=3e-3, betas=(0.8, 0.99), eps=1e-6),
+        lambda p, g, s: adam(p, g, s, lr=3e-3, betas=(0.8, 0.99), eps=1e-6),
+        adam_init,
+    )
+
+
+def params_and_grads() -> tuple[tt.TensorDict, tt.TensorDict]:
+    torch.manual_seed(2)
+    p = tt.TensorDict({"w": torch.randn(3, 2), "sub": {"b": torch.randn(2)}})
+    g = tt.TensorDict({"w": torch.randn(3, 2), "sub": {"b": torch.randn(2)}})
+    return p, g
+
+
+def test_sgd_values_and_state() -> None:
+    p, g = params_and_grads()
+    new, state = sgd(p, g, 0.5)
+    assert state is None
+    assert_equal(new, tt.TensorDict({"w": p["w"] - 0.5 * g["w"], "sub": {"b": p["sub", "b"] - 0.5 * g["sub", "b"]}}))
+    new, buf = sgd(p, g, 0.5, momentum=0.9)
+    assert_equal(buf, g)
+    new2, buf2 = sgd(new, g, 0.5, momentum=0.9, momentum_state=buf)
+    assert_close(buf2["w"], 1.9 * g["w"])
+    assert_close(new2["w"], p["w"] - 0.5 * g["w"] - 0.5 * 1.9 * g["w"])
+
+
+def test_adam_init_and_first_step() -> None:
+    p, g = params_and_grads()
+    state = adam_init(p)
+    assert isinstance(state, AdamState)
+    assert state.step.shape == () and state.step.dtype == torch.float32 and state.step.item() == 0
+    assert_equal(state.exp_avg, tt.tree.map(torch.zeros_like, p))
+    assert_equal(state.exp_avg_sq, tt.tree.map(torch.zeros_like, p))
+    new, state = adam(p, g, state, lr=0.1)
+    assert state.step.item() == 1
+    # the first Adam step moves every entry by lr against the sign of its gradient
+    assert_close(new["w"], p["w"] - 0.1 * torch.sign(g["w"]), atol=1e-6, rtol=0)
+    assert_close(state.exp_avg["sub", "b"], 0.1 * g["sub", "b"])
+
+
+@pytest.mark.parametrize("which", ["sgd", "momentum", "adam"])
+def test_inputs_unchanged(which: str) -> None:
+    p, g = params_and_grads()
+    leaves = tt.tree.leaves(p) + tt.tree.leaves(g)
+    versions = [t._version for t in leaves]
+    copies = [t.clone() for t in leaves]
+    if which == "sgd":
+        new, _ = sgd(p, g, 0.1)
+    elif which == "momentum":
+        _, buf = sgd(p, g, 0.1, momentum=0.9)
+        new, _ = sgd(p, g, 0.1, momentum=0.9, momentum_state=buf)
+    else:
+        state = adam_init(p)
+        new, _ = adam(p, g, state)
+        assert state.step.item() == 0
+    after = tt.tree.leaves(p) + tt.tree.leaves(g)
+    assert all(a is b for a, b in zip(after, leaves))
+    assert [t._version for t in after] == versions
+    assert all(torch.equal(a, c) for a, c in zip(after, copies))
+    assert tt.tree.structure(new) == tt.tree.structure(p)
+
+
+def test_parameters_in_give_results_without_autograd_history() -> None:
+    model = Net()
+    p = from_module(model)
+    g = tt.tree.map(torch.ones_like, p)
+    new, state = adam(p, g, adam_init(p))
+    assert not any(t.requires_grad for t in tt.tree.leaves(new) + tt.tree.leaves(state.exp_avg))
+    new, _ = sgd(p, g, 0.1, momentum=0.9)
+    assert not any(t.requires_grad or t.grad_fn is not None for t in tt.tree.leaves(new))
+
+
+def test_locked_params_give_untagged_results() -> None:
+    p, g = params_and_grads()
+    locked = p.lock()
+    new, _ = sgd(locked, g, 0.1)
+    assert new.tags == frozenset() and new["sub"].tags == frozenset()
+    new, state = adam(locked, g, adam_init(locked))
+    assert new.tags == frozenset() and state.exp_avg.tags == frozenset()
+    assert adam_init(locked).exp_avg.tags == frozenset()
+
+
+def test_structure_mismatch_errors() -> None:
+    p, g = params_and_grads()
+    with pytest.raises(ValueError, match=r"grads has 1 leaves for 2 parameters"):
+        sgd(p, g.exclude("sub"), 0.1)
+    with pytest.raises(ValueError, match=r"exp_avg has 1 leaves for 2 parameters"):
+        adam(p, g, AdamState(torch.zeros(()), g.exclude("w"), g))
+    with pytest.raises(ValueError, match=r"momentum_state has 3 leaves for 2 parameters"):
+        sgd(p, g, 0.1, momentum=0.9, momentum_state=g.set("extra", torch.zeros(())))
