@@ -13,6 +13,7 @@ from .errors import LockedError as LockedError
 # operations (issue 3)
 
 # tags and shared memory (issue 4)
+from .errors import WriteError as WriteError
 
 # memmap and serialization (issue 5)
 

@@ -18,17 +18,21 @@ from ._tags import Shared, tag_named, tagged_type
 __all__ = ["reduce_node", "rebuild_node"]
 
 _ROOTS: dict[str, type] = {}
+# The name is fixed when the class is made: a module may rename a class's
+# __module__ afterwards (TensorDict shows as "tdtree.TensorDict").
+_NAMES: dict[type, str] = {}
 
 
 def register_root(cls: type) -> None:
-    _ROOTS[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    _ROOTS[name] = cls
+    _NAMES[cls] = name
 
 
 def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
-    root = type(node)._root
     keys, batch_size, device, tags = node._meta
     return rebuild_node, (
-        f"{root.__module__}.{root.__qualname__}",
+        _NAMES[type(node)._root],
         keys,
         tuple(node._data.values()),
         tuple(batch_size),

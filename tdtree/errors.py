@@ -13,6 +13,7 @@ __all__ = [
     "LockedError",
     "MemmapError",
     "NotANodeKeyError",
+    "WriteError",
 ]
 
 
@@ -59,8 +60,8 @@ class KeyMismatchError(ValueError):
 
     def __init__(self, what: str, left: Iterable[object], right: Iterable[object]) -> None:
         left, right = set(left), set(right)
-        only_left = sorted(map(_fmt, left - right))
-        only_right = sorted(map(_fmt, right - left))
+        only_left = ", ".join(sorted(map(_fmt, left - right)))
+        only_right = ", ".join(sorted(map(_fmt, right - left)))
         super().__init__(
             f"{what}: the nodes' keys differ; only in the first: {only_left or 'none'}, "
             f"only in the second: {only_right or 'none'}."
@@ -84,3 +85,11 @@ class LockedError(RuntimeError):
 
 class MemmapError(OSError):
     """A memory-mapped node could not be written or read; the message names the file."""
+
+
+class WriteError(ValueError):
+    """An in-place writer was given a value that would change a leaf's shape, dtype or device.
+
+    Raised before anything is written; the message names the key, both shapes or dtypes, and
+    the functional editor or conversion to use instead.
+    """
