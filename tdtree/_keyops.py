@@ -41,6 +41,8 @@ __all__ = [
 
 MISSING: Any = object()
 _ALL = object()
+# get()'s own "no default" is MISSING, so a lookup that must not raise passes this instead.
+_ABSENT: Any = object()
 
 
 def check_unlocked(node: Node, op: str) -> None:
@@ -58,6 +60,8 @@ def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
     value: Any = node
     for depth, part in enumerate(path):
         if not isinstance(value, Node):
+            if default is not MISSING:
+                return default
             raise NotANodeKeyError(display(path), display(path[:depth]))
         level = value
         value = level._data.get(part, MISSING)
@@ -72,7 +76,7 @@ def contains(node: Node, key: object) -> bool:
     """True when ``key`` names an entry (a leaf or a sub-node)."""
     if type(key) is str:
         return key in node._data
-    return get(node, key, MISSING) is not MISSING if type(key) is tuple and key else False
+    return get(node, key, _ABSENT) is not _ABSENT if type(key) is tuple and key else False
 
 
 def walk(node: Node, include_nested: bool, leaves_only: bool) -> Iterator[tuple[NestedKey, Any]]:
@@ -143,7 +147,7 @@ def setdefault(node: Node, key: NestedKey, default: Any) -> Node:
     """The node itself when ``key`` exists, else ``set(key, default)``. Refused on a Locked node."""
     check_unlocked(node, "setdefault")
     path = as_path(key)
-    if get(node, path, MISSING) is not MISSING:
+    if get(node, path, _ABSENT) is not _ABSENT:
         return node
     return _set_path(node, path, path, default)
 
@@ -251,11 +255,11 @@ def rename(node: Node, mapping: Mapping[NestedKey, NestedKey]) -> Node:
     moves = [(as_path(old), as_path(new)) for old, new in mapping.items()]
     moved = [(new, get(node, old)) for old, new in moves]
     targets = [new for new, _ in moved]
-    if len(set(targets)) != len(targets):
+    if len(frozenset(targets)) != len(targets):
         raise KeyCollisionError(f"rename: two keys are renamed to the same key in {dict(mapping)!r}")
     out = _exclude(node, _trie(tuple(old for old, _ in moves)), True, ())
     for new, value in moved:
-        if get(out, new, MISSING) is not MISSING:
+        if get(out, new, _ABSENT) is not _ABSENT:
             raise KeyCollisionError(f"rename: {display(new)!r} already exists; exclude it first")
         out = _set_path(out, new, new, value)
     return out

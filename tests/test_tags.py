@@ -286,3 +286,21 @@ def test_retag_reuses_leaves_and_returns_uniform_nodes() -> None:
     assert _all_tags(tagged) == {SL}
     assert _ptrs(tagged) == _ptrs(td)
     assert retag(tagged, SL) is tagged
+
+
+def test_editors_on_an_unlocked_shared_node_follow_the_rule() -> None:
+    td = _shared().unlock()
+    renamed = td.rename({"a": "q", ("n", "c"): ("n", "d")})
+    assert type(renamed) is tt.TensorDict[tt.Shared] and list(renamed.keys()) == ["b", "n", "q"]
+    assert renamed["q"] is td["a"]
+    assert td.setdefault("a", torch.ones(2)) is td
+    assert type(td.setdefault("z", torch.ones(2))) is tt.TensorDict
+    assert type(td.setdefault("z", torch.zeros(2, 0))) is tt.TensorDict[tt.Shared]
+    assert type(td.update({"n": {"c": td["a"][:, :1]}})) is tt.TensorDict[tt.Shared]
+    assert type(td.update({"n": {"c": torch.ones(2, 1)}})) is tt.TensorDict
+
+
+def test_lookups_through_a_tensor_with_a_default_do_not_raise() -> None:
+    td = _shared()
+    assert ("a", "x") not in td and ("n", "x") not in td and ("n", "c") in td
+    assert td.get(("a", "x"), None) is None
