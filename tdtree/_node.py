@@ -21,7 +21,7 @@ from typing import Any, ItemsView, KeysView, ValuesView
 
 import torch
 
-from . import _keyops, _maps
+from . import _index, _keyops, _maps, _shape
 from . import _inplace, _shared
 from ._base import Node
 from ._keys import NestedKey, as_path
@@ -239,8 +239,62 @@ class TensorDict(Node):
 
     # -- shapes (_shape.py) -----------------------------------------------------------------
 
+    def view(self, *shape: Any) -> TensorDict:
+        """The batch dims viewed as ``shape`` (-1 allowed); leaves are views, keeps tags."""
+        return _shape.view(self, *shape)
+
+    def reshape(self, *shape: Any) -> TensorDict:
+        """The batch dims reshaped to ``shape`` (-1 allowed); keeps tags exactly when every leaf is a view."""
+        return _shape.reshape(self, *shape)
+
+    def permute(self, *dims: Any) -> TensorDict:
+        """The batch dims reordered as ``dims``; views, keeps tags."""
+        return _shape.permute(self, *dims)
+
+    def transpose(self, dim0: int, dim1: int) -> TensorDict:
+        """Batch dims ``dim0`` and ``dim1`` swapped; views, keeps tags."""
+        return _shape.transpose(self, dim0, dim1)
+
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> TensorDict:
+        """Without the batch dims of size 1 (all, or those in ``dim``); views, keeps tags."""
+        return _shape.squeeze(self, dim)
+
+    def unsqueeze(self, dim: int) -> TensorDict:
+        """With a batch dim of size 1 inserted at ``dim``; views, keeps tags."""
+        return _shape.unsqueeze(self, dim)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> TensorDict:
+        """Batch dims ``start_dim``..``end_dim`` merged into one; keeps tags when the leaves are views."""
+        return _shape.flatten(self, start_dim, end_dim)
+
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> TensorDict:
+        """Batch dim ``dim`` split into ``sizes``; views, keeps tags."""
+        return _shape.unflatten(self, dim, sizes)
+
+    def expand(self, *shape: Any) -> TensorDict:
+        """The batch dims broadcast to ``shape`` (-1 keeps a dim); views, keeps tags."""
+        return _shape.expand(self, *shape)
+
+    def unbind(self, dim: int = 0) -> tuple[TensorDict, ...]:
+        """One node per index along batch dim ``dim``, without it; views, keeps tags."""
+        return _shape.unbind(self, dim)
+
+    def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[TensorDict, ...]:
+        """Nodes cut along batch dim ``dim`` as ``torch.split`` does; views, keeps tags."""
+        return _shape.split(self, split_size_or_sections, dim)
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[TensorDict, ...]:
+        """At most ``chunks`` nodes cut along batch dim ``dim`` as ``torch.chunk`` does; views, keeps tags."""
+        return _shape.chunk(self, chunks, dim)
+
 
     # -- indexing and scatter (_index.py) ------------------------------------------------
+
+    @property
+    def at(self) -> _index.At:
+        """``td.at[idx].set(v)``: a new node with ``v`` written at ``idx`` (drops tags; refused when Locked);
+        ``td.at[idx].set_(v)``: writes in place and returns ``td`` (keeps tags); ``td.at[idx].get()``: ``td[idx]``."""
+        return _index.At(self)
 
 
     # -- combining, devices and memory (_combine.py, _device.py) ------------------------

@@ -6,6 +6,7 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
+    "BatchDimError",
     "BatchSizeError",
     "KeyCollisionError",
     "KeyMismatchError",
@@ -93,3 +94,7 @@ class WriteError(ValueError):
     Raised before anything is written; the message names the key, both shapes or dtypes, and
     the functional editor or conversion to use instead.
     """
+
+
+class BatchDimError(IndexError):
+    """A batch dim, or an index over the batch dims, does not fit the node's batch size."""

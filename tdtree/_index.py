@@ -1,0 +1,271 @@
+"""Indexing over the batch dims (``td[idx]``) and the scatter ``td.at[idx].set(value)`` / ``.set_(value)``.
+
+An index is normalized once per call into the index every leaf gets and the
+result's batch size, computed by arithmetic with torch's rules (ints select
+first; index tensors broadcast together and their result dims stay in place
+when they are adjacent, else they lead). The leaf index covers exactly the
+root's batch dims, so feature dims and a sub-node's extra batch dims are never
+indexed: ``...`` expands over the batch dims only. A bool mask becomes long
+indices once (``nonzero``) instead of once per leaf.
+
+Tags follow the rule: basic indexing (ints, slices, None, ``...``) returns
+views and keeps them; index tensors and masks copy and drop them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optree
+import torch
+
+from ._base import Node
+from ._keyops import check_unlocked, walk
+from ._maps import rebuild
+from ._pytree import NAMESPACE
+from ._tags import tag_rule
+from .errors import BatchDimError, BatchSizeError, KeyMismatchError
+
+__all__ = ["normalize", "getitem", "scatter", "scatter_", "At", "AtIndex"]
+
+
+def _mixed(index: tuple) -> TypeError:
+    return TypeError(
+        f"td[{', '.join(map(repr, index))}] mixes a key with a batch index: index and look up separately, "
+        "e.g. td['a'][0] or td[0]['a']"
+    )
+
+
+def _item(item: Any, index: tuple) -> Any:
+    """One part of an index in the form the arithmetic reads: int, slice, None, ..., or a tensor."""
+    if item is None or item is Ellipsis or type(item) is slice or isinstance(item, torch.Tensor):
+        return item
+    if type(item) is bool:
+        raise TypeError(f"a bool index ({item}) is not supported: use None to add a dim, or a bool tensor mask")
+    if type(item) is int:
+        return item
+    if type(item) is str or type(item) is tuple:
+        raise _mixed(index)
+    if type(item) is list:
+        return torch.tensor(item) if item else torch.zeros(0, dtype=torch.long)
+    if hasattr(item, "__index__"):
+        return item.__index__()
+    raise TypeError(
+        f"unsupported index {item!r} of type {type(item).__name__}: use int, slice, None, ..., "
+        "a list of ints, or a long or bool tensor"
+    )
+
+
+def _consumed(item: Any) -> int:
+    if item is None or item is Ellipsis:
+        return 0
+    if isinstance(item, torch.Tensor) and item.dtype == torch.bool:
+        return item.dim()
+    return 1
+
+
+def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Size]:
+    """The index every leaf gets and the batch size of the result, for ``index`` over ``batch``.
+
+    Raises:
+        BatchDimError: more indices than batch dims, an int out of range, or a
+            mask whose shape does not match the batch dims it covers.
+        TypeError: a key mixed with an index, or an unsupported index type.
+    """
+    raw = index if type(index) is tuple else (index,)
+    items = [_item(i, raw) for i in raw]
+    n = len(batch)
+    used = sum(_consumed(i) for i in items)
+    ellipses = sum(1 for i in items if i is Ellipsis)
+    if ellipses > 1:
+        raise BatchDimError("an index can only have a single ellipsis ('...')")
+    if used > n:
+        raise BatchDimError(
+            f"too many indices: {used} batch dims indexed, but the node has batch_size {tuple(batch)} "
+            f"({n} batch dims); feature dims cannot be indexed: index a leaf, e.g. td['key'][...]"
+        )
+    leaf: list[Any] = []
+    kept: list[Any] = []  # after ints select: ("dim", size) or ("adv", index tensor)
+    dim = 0
+    for item in items:
+        if item is Ellipsis:
+            for _ in range(n - used):
+                leaf.append(slice(None))
+                kept.append(batch[dim])
+                dim += 1
+        elif item is None:
+            leaf.append(None)
+            kept.append(1)
+        elif type(item) is int:
+            size = batch[dim]
+            if not -size <= item < size:
+                raise BatchDimError(f"index {item} is out of range for batch dim {dim} of size {size} (batch_size {tuple(batch)})")
+            leaf.append(item)
+            dim += 1
+        elif type(item) is slice:
+            if item.step is not None and item.step <= 0:
+                raise ValueError(f"slice step must be positive, got {item.step} (batch dim {dim})")
+            leaf.append(item)
+            kept.append(len(range(*item.indices(batch[dim]))))
+            dim += 1
+        elif item.dtype == torch.bool:
+            k = item.dim()
+            if tuple(item.shape) != tuple(batch[dim : dim + k]):
+                raise BatchDimError(
+                    f"the mask of shape {tuple(item.shape)} does not match batch dims {dim}..{dim + k - 1} "
+                    f"of batch_size {tuple(batch)}"
+                )
+            for part in item.nonzero(as_tuple=True) if k else ():
+                leaf.append(part)
+                kept.append(part)
+            dim += k
+        else:
+            leaf.append(item)
+            kept.append(item)
+            dim += 1
+    kept.extend(batch[dim:])
+    return tuple(leaf), _result_size(kept)
+
+
+def _result_size(kept: list[Any]) -> torch.Size:
+    where = [i for i, k in enumerate(kept) if isinstance(k, torch.Tensor)]
+    if not where:
+        return torch.Size(kept)
+    shape = torch.broadcast_shapes(*(kept[i].shape for i in where))
+    rest = [k for k in kept if not isinstance(k, torch.Tensor)]
+    if where[-1] - where[0] + 1 == len(where):
+        at = where[0]
+        return torch.Size((*rest[:at], *shape, *rest[at:]))
+    return torch.Size((*shape, *rest))
+
+
+@tag_rule
+def getitem(node: Node, index: Any) -> Node:
+    """``node[index]`` over the batch dims, as torch indexes a tensor; tags kept when leaves are views."""
+    batch = node._meta[1]
+    if batch:
+        # the two most common indices skip the general normalization
+        if type(index) is int and -batch[0] <= index < batch[0]:
+            return rebuild(node, lambda x: x[index], batch[1:])
+        if type(index) is slice and (index.step is None or index.step > 0):
+            size = len(range(*index.indices(batch[0])))
+            return rebuild(node, lambda x: x[index], torch.Size((size, *batch[1:])))
+    leaf_index, new = normalize(batch, index)
+    return rebuild(node, lambda x: x[leaf_index], new)
+
+
+def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tensor], Any, tuple[Any, ...], list[Any]]:
+    """Every check of a scatter, before anything is written: (leaves, treespec, leaf index, values).
+
+    ``values`` holds one value per leaf, in leaf order, ready for ``leaf[idx] = v``.
+    """
+    leaf_index, new = normalize(node._meta[1], index)
+    leaves, spec = optree.tree_flatten(node, namespace=NAMESPACE)  # type: ignore[arg-type,var-annotated]
+    n = len(node._meta[1])
+    paths = [k for k, v in walk(node, True, True)]
+    if isinstance(value, Node):
+        if value._meta[1] != new:
+            raise BatchSizeError(
+                f"{op}: the value's batch_size {tuple(value._meta[1])} is not td[idx].batch_size {tuple(new)}"
+            )
+        given = dict(walk(value, True, True))
+        if list(given) != paths:
+            raise KeyMismatchError(op, paths, given)
+        values = [given[p] for p in paths]
+    elif isinstance(value, torch.Tensor):
+        try:
+            fits = torch.broadcast_shapes(value.shape, new) == new
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise BatchSizeError(
+                f"{op}: a tensor value of shape {tuple(value.shape)} is aligned with the batch dims and does not "
+                f"broadcast to td[idx].batch_size {tuple(new)}"
+            )
+        values = [value[(..., *(None,) * (leaf.dim() - n))] for leaf in leaves]
+    elif isinstance(value, (bool, int, float, complex)):
+        return leaves, spec, leaf_index, [value] * len(leaves)
+    else:
+        raise TypeError(f"{op}: the value must be a node, a tensor or a number, got {type(value).__name__}")
+    for path, leaf, v in zip(paths, leaves, values):
+        target = torch.Size((*new, *leaf.shape[n:]))
+        try:
+            fits = torch.broadcast_shapes(v.shape, target) == target
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise BatchSizeError(
+                f"{op}: the value at {path!r} has shape {tuple(v.shape)}, which does not broadcast to "
+                f"the indexed entry's shape {tuple(target)}"
+            )
+        if not torch.can_cast(v.dtype, leaf.dtype):
+            raise TypeError(f"{op}: the value at {path!r} is {v.dtype}, which cannot be cast safely to {leaf.dtype}")
+        if v.device != leaf.device:
+            raise ValueError(f"{op}: the value at {path!r} is on {v.device}, the entry on {leaf.device}")
+    return leaves, spec, leaf_index, values
+
+
+def _put(leaf: torch.Tensor, index: tuple[Any, ...], value: Any) -> torch.Tensor:
+    out = leaf.clone()
+    out[index] = value
+    return out
+
+
+@tag_rule
+def scatter(node: Node, index: Any, value: Any) -> Node:
+    """A new node equal to ``node`` with ``value`` written at ``index`` of the batch dims; the input is untouched.
+
+    ``value``: a node with the same keys shaped like ``node[index]``, or a
+    number or tensor (aligned with the batch dims) for every leaf. Refused on a
+    Locked node. Leaves are new storage, so tags are dropped.
+    """
+    check_unlocked(node, "at[...].set")
+    leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set")
+    return optree.tree_unflatten(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])  # type: ignore[return-value]
+
+
+def scatter_(node: Node, index: Any, value: Any) -> Node:
+    """Write ``value`` into ``node``'s leaves at ``index`` in place and return ``node`` itself (tags kept).
+
+    Not under :func:`tag_rule`: the result is the input object, not a new node
+    (the rule would intersect with an untagged value's tags). Allowed on Locked nodes. A key, shape, dtype or device mismatch raises
+    before anything is written.
+    """
+    leaves, _, leaf_index, values = _pairs(node, index, value, "at[...].set_")
+    for leaf, v in zip(leaves, values):
+        leaf[leaf_index] = v
+    return node
+
+
+class AtIndex:
+    """``td.at[idx]``: ``get()`` is ``td[idx]``, ``set(v)`` a new node, ``set_(v)`` an in-place write."""
+
+    __slots__ = ("_node", "_index")
+
+    def __init__(self, node: Node, index: Any) -> None:
+        self._node = node
+        self._index = index
+
+    def get(self) -> Node:
+        """``td[idx]``."""
+        return getitem(self._node, self._index)
+
+    def set(self, value: Any) -> Node:
+        """A new node with ``value`` at ``idx``; refused on Locked nodes; tags dropped."""
+        return scatter(self._node, self._index, value)
+
+    def set_(self, value: Any) -> Node:
+        """Write ``value`` at ``idx`` in place; returns the node."""
+        return scatter_(self._node, self._index, value)
+
+
+class At:
+    """``td.at``: index it (``td.at[idx]``) for the scatter operations."""
+
+    __slots__ = ("_node",)
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def __getitem__(self, index: Any) -> AtIndex:
+        return AtIndex(self._node, index)

@@ -1,0 +1,286 @@
+"""Shape operations on the batch dims: view, reshape, permute, ..., unbind, split, chunk.
+
+Every operation acts on the root's batch dims only: feature dims are never
+touched, negative dims count from the end of the batch dims, and a nested node
+with more batch dims than its parent keeps its extra ones. The new batch size
+is computed once, by arithmetic, and each leaf then gets one torch call.
+Single-result operations go through :func:`tdtree._maps.rebuild`;
+``unbind``/``split``/``chunk`` build all their results in one walk.
+
+Tags follow the rule: the view operations (``view``, ``permute``,
+``transpose``, ``squeeze``, ``unsqueeze``, ``flatten``, ``unflatten``,
+``expand``, ``unbind``, ``split``, ``chunk``) share storage and keep them;
+``reshape`` keeps them exactly when torch returned views.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ._base import Node, make
+from ._maps import rebuild
+from ._tags import tag_rule
+from .errors import BatchDimError, BatchSizeError
+
+__all__ = [
+    "batch_dim",
+    "view",
+    "reshape",
+    "permute",
+    "transpose",
+    "squeeze",
+    "unsqueeze",
+    "flatten",
+    "unflatten",
+    "expand",
+    "unbind",
+    "split",
+    "chunk",
+]
+
+Shape = Sequence[int]
+
+
+def batch_dim(node: Node, dim: int, op: str, extra: int = 0) -> int:
+    """``dim`` as a non-negative batch dim of ``node``; ``extra`` widens the range (1 for unsqueeze)."""
+    batch = node._meta[1]
+    n = len(batch) + extra
+    if not -n <= dim < n:
+        raise BatchDimError(
+            f"{op}: dim {dim} is out of range for the batch dims of a node with batch_size {tuple(batch)} "
+            f"(expected a dim in [{-n}, {n - 1}]; feature dims cannot be used)"
+        )
+    return dim + n if dim < 0 else dim
+
+
+def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:
+    """``f(3, 4)``, ``f((3, 4))`` and ``f(torch.Size([3, 4]))`` alike."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    return tuple([int(s) for s in shape])
+
+
+def _infer(batch: torch.Size, shape: tuple[int, ...], op: str) -> torch.Size:
+    """``shape`` with its -1 resolved so it holds as many elements as ``batch``."""
+    holes = [i for i, s in enumerate(shape) if s == -1]
+    if len(holes) > 1 or any(s < -1 for s in shape):
+        raise BatchSizeError(f"{op}: shape {shape} is invalid: sizes are >= 0 with at most one -1")
+    total = batch.numel()
+    known = math.prod([s for s in shape if s != -1])
+    if holes:
+        if known == 0 or total % known:
+            raise BatchSizeError(
+                f"{op}: shape {shape} is invalid for the batch_size {tuple(batch)} ({total} elements)"
+            )
+        shape = (*shape[: holes[0]], total // known, *shape[holes[0] + 1 :])
+    elif known != total:
+        raise BatchSizeError(f"{op}: shape {shape} is invalid for the batch_size {tuple(batch)} ({total} elements)")
+    return torch.Size(shape)
+
+
+@tag_rule
+def view(node: Node, *shape: Any) -> Node:
+    """A node whose batch dims are viewed as ``shape`` (-1 allowed); leaves are views, tags kept."""
+    batch = node._meta[1]
+    new = _infer(batch, _shape_arg(shape), "view")
+    n = len(batch)
+    return rebuild(node, lambda x: x.view(*new, *x.shape[n:]), new)
+
+
+@tag_rule
+def reshape(node: Node, *shape: Any) -> Node:
+    """A node whose batch dims are reshaped to ``shape`` (-1 allowed); tags kept exactly when leaves are views."""
+    batch = node._meta[1]
+    new = _infer(batch, _shape_arg(shape), "reshape")
+    n = len(batch)
+    return rebuild(node, lambda x: x.reshape(*new, *x.shape[n:]), new)
+
+
+@tag_rule
+def permute(node: Node, *dims: Any) -> Node:
+    """A node with the batch dims reordered as ``dims`` (a permutation of them); views, tags kept."""
+    batch = node._meta[1]
+    n = len(batch)
+    order = tuple(batch_dim(node, d, "permute") for d in _shape_arg(dims))
+    if sorted(order) != list(range(n)):
+        raise BatchDimError(
+            f"permute: dims {_shape_arg(dims)} are not a permutation of the {n} batch dims "
+            f"of a node with batch_size {tuple(batch)}"
+        )
+    new = torch.Size([batch[d] for d in order])
+    return rebuild(node, lambda x: x.permute(*order, *range(n, x.dim())), new)
+
+
+@tag_rule
+def transpose(node: Node, dim0: int, dim1: int) -> Node:
+    """A node with batch dims ``dim0`` and ``dim1`` swapped; views, tags kept."""
+    d0 = batch_dim(node, dim0, "transpose")
+    d1 = batch_dim(node, dim1, "transpose")
+    new = list(node._meta[1])
+    new[d0], new[d1] = new[d1], new[d0]
+    return rebuild(node, lambda x: x.transpose(d0, d1), torch.Size(new))
+
+
+@tag_rule
+def squeeze(node: Node, dim: int | Sequence[int] | None = None) -> Node:
+    """A node without the batch dims of size 1 (all, or those in ``dim``; others are left); views, tags kept."""
+    batch = node._meta[1]
+    if dim is None:
+        candidates: tuple[int, ...] = tuple(range(len(batch)))
+    elif isinstance(dim, int):
+        candidates = (batch_dim(node, dim, "squeeze"),)
+    else:
+        candidates = tuple(batch_dim(node, d, "squeeze") for d in dim)
+    drop = tuple(d for d in candidates if batch[d] == 1)
+    if not drop:
+        return rebuild(node, lambda x: x.view(x.shape), batch)
+    new = torch.Size([s for d, s in enumerate(batch) if d not in drop])
+    return rebuild(node, lambda x: x.squeeze(drop), new)
+
+
+@tag_rule
+def unsqueeze(node: Node, dim: int) -> Node:
+    """A node with a batch dim of size 1 inserted at ``dim`` (in [-ndim-1, ndim]); views, tags kept."""
+    d = batch_dim(node, dim, "unsqueeze", extra=1)
+    batch = node._meta[1]
+    return rebuild(node, lambda x: x.unsqueeze(d), torch.Size((*batch[:d], 1, *batch[d:])))
+
+
+@tag_rule
+def flatten(node: Node, start_dim: int = 0, end_dim: int = -1) -> Node:
+    """A node with batch dims ``start_dim``..``end_dim`` merged into one; tags kept when leaves are views.
+
+    As ``torch.flatten`` does for a 0-d tensor, a node with no batch dims gets
+    one batch dim of size 1.
+    """
+    batch = node._meta[1]
+    if not batch:
+        for d in (start_dim, end_dim):
+            if d not in (0, -1):
+                raise BatchDimError(f"flatten: dim {d} is out of range for a node with batch_size () (use 0 or -1)")
+        return rebuild(node, lambda x: x.unsqueeze(0), torch.Size((1,)))
+    s = batch_dim(node, start_dim, "flatten")
+    e = batch_dim(node, end_dim, "flatten")
+    if s > e:
+        raise BatchDimError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} in batch_size {tuple(batch)}")
+    new = torch.Size((*batch[:s], math.prod(batch[s : e + 1]), *batch[e + 1 :]))
+    return rebuild(node, lambda x: x.flatten(s, e), new)
+
+
+@tag_rule
+def unflatten(node: Node, dim: int, sizes: Shape) -> Node:
+    """A node with batch dim ``dim`` split into ``sizes`` (one -1 allowed); views, tags kept."""
+    d = batch_dim(node, dim, "unflatten")
+    batch = node._meta[1]
+    inner = _infer(batch[d : d + 1], _shape_arg((sizes,)), "unflatten")
+    new = torch.Size((*batch[:d], *inner, *batch[d + 1 :]))
+    return rebuild(node, lambda x: x.unflatten(d, inner), new)
+
+
+@tag_rule
+def expand(node: Node, *shape: Any) -> Node:
+    """A node whose batch dims are broadcast to ``shape`` (-1 keeps a dim; new dims lead); views, tags kept."""
+    batch = node._meta[1]
+    target = _shape_arg(shape)
+    n, lead = len(batch), len(target) - len(batch)
+    if lead < 0:
+        raise BatchSizeError(
+            f"expand: shape {target} has fewer dims than the batch_size {tuple(batch)}; "
+            "expand acts on the batch dims only"
+        )
+    new = []
+    for i, s in enumerate(target):
+        old = batch[i - lead] if i >= lead else None
+        if s == -1 and old is not None:
+            s = old
+        if s < 0 or (old is not None and old != 1 and old != s):
+            raise BatchSizeError(
+                f"expand: the batch_size {tuple(batch)} cannot be expanded to {target} (at dim {i}: {s})"
+            )
+        new.append(s)
+    size = torch.Size(new)
+    return rebuild(node, lambda x: x.expand(*size, *x.shape[n:]), size)
+
+
+def _rebuild_many(
+    node: Node, leaf_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]], root_batches: Sequence[torch.Size]
+) -> tuple[Node, ...]:
+    """One node per entry of ``root_batches``, from one walk calling ``leaf_fn`` once per leaf.
+
+    ``leaf_fn`` returns one tensor per result; sub-nodes keep their extra batch
+    dims as in :func:`tdtree._maps.rebuild`.
+    """
+    n = len(node._meta[1])
+    count = len(root_batches)
+
+    def visit(x: Any) -> Sequence[Any]:
+        if not isinstance(x, Node):
+            return leaf_fn(x)
+        keys, batch_size, device, _ = x._meta
+        columns = zip(*(visit(v) for v in x._data.values())) if keys else [()] * count
+        extra = batch_size[n:]
+        cls = type(x)
+        return [
+            make(cls, dict(zip(keys, column)), torch.Size((*root, *extra)), device)
+            for root, column in zip(root_batches, columns)
+        ]
+
+    return tuple(visit(node))
+
+
+@tag_rule
+def unbind(node: Node, dim: int = 0) -> tuple[Node, ...]:
+    """A tuple of nodes, one per index along batch dim ``dim``, without that dim; views, tags kept."""
+    d = batch_dim(node, dim, "unbind")
+    batch = node._meta[1]
+    rest = torch.Size((*batch[:d], *batch[d + 1 :]))
+    return _rebuild_many(node, lambda x: x.unbind(d), [rest] * batch[d])
+
+
+def _split_sizes(length: int, size: int, dim: int) -> list[int]:
+    """The section sizes ``torch.split(t, size)`` makes along a dim of ``length``."""
+    if size < 0 or (size == 0 and length != 0):
+        raise BatchSizeError(f"split: split_size {size} is invalid for batch dim {dim} of size {length}")
+    if size == 0:
+        return [0]
+    count = max(-(-length // size), 1)
+    return [size] * (count - 1) + [length - size * (count - 1)]
+
+
+def _sections(node: Node, d: int, sizes: Sequence[int]) -> tuple[Node, ...]:
+    batch = node._meta[1]
+    roots = [torch.Size((*batch[:d], s, *batch[d + 1 :])) for s in sizes]
+    return _rebuild_many(node, lambda x: x.split_with_sizes(sizes, d), roots)
+
+
+@tag_rule
+def split(node: Node, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Node, ...]:
+    """A tuple of nodes cut along batch dim ``dim`` as ``torch.split`` cuts a tensor; views, tags kept."""
+    d = batch_dim(node, dim, "split")
+    length = node._meta[1][d]
+    if isinstance(split_size_or_sections, int):
+        sizes = _split_sizes(length, split_size_or_sections, dim)
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != length or any(s < 0 for s in sizes):
+            raise BatchSizeError(
+                f"split: sections {sizes} do not add up to the size {length} of batch dim {dim} "
+                f"(batch_size {tuple(node._meta[1])})"
+            )
+    return _sections(node, d, sizes)
+
+
+@tag_rule
+def chunk(node: Node, chunks: int, dim: int = 0) -> tuple[Node, ...]:
+    """A tuple of at most ``chunks`` nodes cut along batch dim ``dim`` as ``torch.chunk`` does; views, tags kept."""
+    d = batch_dim(node, dim, "chunk")
+    if chunks <= 0:
+        raise ValueError(f"chunk: chunks must be at least 1, got {chunks}")
+    length = node._meta[1][d]
+    size = -(-length // chunks)
+    sizes = [0] * chunks if length == 0 else _split_sizes(length, size, dim)
+    return _sections(node, d, sizes)

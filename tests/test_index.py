@@ -1,0 +1,147 @@
+"""Indexing over the batch dims and the scatter td.at[idx].set / set_."""
+
+import pytest
+import torch
+
+import tdtree as tt
+from tdtree.errors import BatchDimError, BatchSizeError, KeyMismatchError, LockedError
+from tdtree.testing import assert_equal
+
+
+def make_td() -> tt.TensorDict:
+    sub = tt.TensorDict({"c": torch.arange(120.0).reshape(3, 4, 5, 2)}, [3, 4, 5])
+    return tt.TensorDict({"a": torch.arange(24.0).reshape(3, 4, 2), "b": torch.arange(12).reshape(3, 4), "sub": sub}, [3, 4])
+
+
+def ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize(
+    "idx",
+    [0, -1, slice(1, 3), slice(None, None, 2), None, Ellipsis, (0, 1), (Ellipsis, 0), (None, Ellipsis, None),
+     [0, 2], ([0, 2], [1, 3]), ([0, 2], slice(None)), (slice(None), [3, 0]), (), (0, Ellipsis)],
+    ids=repr,
+)
+def test_index_like_torch(idx) -> None:
+    td = make_td()
+    out = td[idx]
+    ref = torch.empty(3, 4)[idx].shape
+    assert out.batch_size == ref
+    assert out["sub"].batch_size == (*ref, 5)
+    norm = idx if isinstance(idx, tuple) else (idx,)
+    for key in ("a", "b", ("sub", "c")):
+        leaf = td[key]
+        assert_equal(out[key], leaf[(*norm, *(slice(None),) * (leaf.dim() - 2))])
+
+
+def test_tensor_indices() -> None:
+    td = make_td()
+    i = torch.tensor([[2, 0], [1, 1]])
+    out = td[i]
+    assert out.batch_size == (2, 2, 4)
+    assert_equal(out["a"], td["a"][i])
+    mask = torch.tensor([True, False, True])
+    assert_equal(td[mask]["sub", "c"], td["sub", "c"][mask])
+    full = td["b"] > 4
+    assert td[full].batch_size == (int(full.sum()),)
+    assert_equal(td[full]["a"], td["a"][full])
+    assert_equal(td[1, mask[:2].repeat(2)]["a"], td["a"][1, mask[:2].repeat(2)])
+
+
+def test_views_and_tags() -> None:
+    td = make_td()
+    locked = td.lock()
+    assert ptr(td[0]["a"]) == ptr(td["a"])
+    assert type(locked[0]) is tt.TensorDict[tt.Locked]
+    assert type(locked[1:, None]) is tt.TensorDict[tt.Locked]
+    assert type(locked[torch.tensor([0, 1])]) is tt.TensorDict
+    assert type(locked[torch.tensor([True, False, True])]) is tt.TensorDict
+    assert type(locked[[0]]) is tt.TensorDict
+
+
+def test_keys_still_work() -> None:
+    td = make_td()
+    assert td["a"] is td._data["a"]
+    assert td["sub", "c"].shape == (3, 4, 5, 2)
+
+
+def test_index_errors() -> None:
+    td = make_td()
+    with pytest.raises(BatchDimError, match=r"too many indices: 3 batch dims.*batch_size \(3, 4\)"):
+        td[0, 0, 0]
+    with pytest.raises(BatchDimError, match="too many indices"):
+        td[..., 0, 0, 0]
+    with pytest.raises(TypeError, match=r"mixes a key with a batch index.*td\['a'\]\[0\] or td\[0\]\['a'\]"):
+        td[0, "a"]
+    with pytest.raises(TypeError, match="mixes a key"):
+        td[0, ("sub", "c")]
+    with pytest.raises(BatchDimError, match=r"index 3 is out of range for batch dim 0 of size 3"):
+        td[3]
+    with pytest.raises(BatchDimError, match=r"index -5 is out of range for batch dim 1 of size 4"):
+        td[:, -5]
+    with pytest.raises(BatchDimError, match="single ellipsis"):
+        td[..., ...]
+    with pytest.raises(BatchDimError, match=r"mask of shape \(2,\) does not match batch dims 0..0"):
+        td[torch.tensor([True, False])]
+    with pytest.raises(ValueError, match="step must be positive"):
+        td[::-1]
+    with pytest.raises(TypeError, match="bool index"):
+        td[True]
+    with pytest.raises(TypeError, match="unsupported index"):
+        td[1.5]
+
+
+def test_at_set_functional() -> None:
+    td = make_td()
+    before = td["a"].clone()
+    out = td.at[0].set(0.0)
+    assert_equal(td["a"], before)
+    assert out["a"][0].eq(0).all() and out["sub", "c"][0].eq(0).all()
+    assert_equal(out["a"][1:], before[1:])
+    value = td[1:]
+    moved = td.at[:2].set(value)
+    assert_equal(moved["b"][:2], td["b"][1:])
+    assert td.at[1].get()["b"].tolist() == td["b"][1].tolist()
+    per_row = td.at[:, 0].set(torch.tensor([10, 20, 30]))  # aligned with the batch dims
+    assert per_row["a"][:, 0].tolist() == [[10.0, 10.0], [20.0, 20.0], [30.0, 30.0]]
+
+
+def test_at_set_errors() -> None:
+    td = make_td()
+    with pytest.raises(LockedError, match=r"at\[\.\.\.\]\.set\(\) on a locked node.*at\[idx\]\.set_\(\)"):
+        td.lock().at[0].set(0)
+    with pytest.raises(KeyMismatchError, match=r"only in the first: .*'b'.*only in the second: none"):
+        td.at[0].set(td[0].exclude("b"))
+    with pytest.raises(BatchSizeError, match=r"batch_size \(2, 4\) is not td\[idx\]\.batch_size \(4,\)"):
+        td.at[0].set(td[:2])
+    with pytest.raises(BatchSizeError, match=r"value at 'a' has shape \(4, 3\)"):
+        td.at[0].set(td[0].exclude("a").set("a", torch.zeros(4, 3)))
+    with pytest.raises(BatchSizeError, match=r"shape \(5,\).*does not broadcast to td\[idx\]\.batch_size \(4,\)"):
+        td.at[0].set(torch.zeros(5))
+    with pytest.raises(TypeError, match=r"value at 'b' is torch.float32, which cannot be cast safely to torch.int64"):
+        td.at[0].set(td[0].exclude("b").set("b", torch.zeros(4)))
+    with pytest.raises(TypeError, match="must be a node, a tensor or a number"):
+        td.at[0].set("x")
+
+
+def test_at_set_inplace() -> None:
+    td = make_td().lock()
+    a = td["a"]
+    out = td.at[1].set_(td[0])
+    assert out is td and td["a"] is a
+    assert_equal(td["a"][1], td["a"][0])
+    td.at[torch.tensor([True, False, True])].set_(-1)
+    assert td["b"][0].eq(-1).all() and td["b"][2].eq(-1).all()
+
+
+def test_at_set_inplace_checks_before_writing() -> None:
+    td = make_td()
+    before = td.clone()
+    bad = td[0].exclude("sub").set("sub", {"c": torch.zeros(4, 5, 3)})
+    with pytest.raises(BatchSizeError, match=r"value at \('sub', 'c'\) has shape \(4, 5, 3\)"):
+        td.at[0].set_(bad)  # "a" and "b" come first and must not have been written
+    assert_equal(td, before)
+    with pytest.raises(TypeError, match="cannot be cast safely"):
+        td.at[0].set_(torch.tensor(0.5))
+    assert_equal(td, before)
