@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, rule
 
 import tdtree as tt
-from tdtree.errors import LockedError
+from tdtree.errors import LockedError, WriteError
 from tdtree.testing import batch_sizes, tensordicts
 
 Snapshot = list[tuple[torch.Tensor, int, torch.Tensor]]
@@ -75,8 +75,35 @@ def _zeros_like_batch(td: tt.TensorDict) -> torch.Tensor:
     return torch.zeros(td.batch_size)
 
 
-# Operations of one node that return nodes. Each entry: name -> fn(td) -> node or sequence of nodes.
+def _batched(fn: Callable[[tt.TensorDict], Any]) -> Callable[[tt.TensorDict], Any]:
+    """``fn`` for nodes with at least one batch dim; None (the step is void) for the others."""
+    return lambda td: fn(td) if td.ndim else None
+
+
+def _overlapping(td: tt.TensorDict) -> bool:
+    return any(
+        any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)) for t in _leaves(td)
+    )
+
+
+# Operations of one node that return nodes. Each entry: name -> fn(td) -> node, sequence of nodes, or None.
 UNARY: dict[str, Callable[[tt.TensorDict], Any]] = {
+    "view": lambda td: td.view(*td.batch_size, 1),
+    "reshape": lambda td: td.reshape(-1),
+    "flatten": lambda td: td.flatten(),
+    "transpose": _batched(lambda td: td.transpose(0, -1)),
+    "permute": _batched(lambda td: td.permute(*reversed(range(td.ndim)))),
+    "unsqueeze": lambda td: td.unsqueeze(0),
+    "squeeze": lambda td: td.squeeze(),
+    "expand": lambda td: td.expand(2, *td.batch_size),
+    "index_int": _batched(lambda td: td[0] if td.batch_size[0] else td[:0]),
+    "index_slice": _batched(lambda td: td[1:]),
+    "index_step": _batched(lambda td: td[::2]),
+    "index_mask": _batched(lambda td: td[torch.arange(td.batch_size[0]) % 2 == 0]),
+    "index_tensor": _batched(lambda td: td[torch.arange(td.batch_size[0]).flip(0)]),
+    "unbind": _batched(lambda td: td.unbind(0)),
+    "split": _batched(lambda td: td.split(1)),
+    "chunk": _batched(lambda td: td.chunk(2)),
     "select_first": lambda td: td.select(*_first_key(td)),
     "select_none": lambda td: td.select(),
     "exclude_first": lambda td: td.exclude(*_first_key(td)),
@@ -107,6 +134,7 @@ WRITERS: dict[str, Callable[[tt.TensorDict, tt.TensorDict], Any]] = {
     "copy_": lambda td, src: td.copy_(src),
     "zero_": lambda td, src: td.zero_(),
     "fill_": lambda td, src: td.fill_(_first_key(td)[0], True) if _first_key(td) else td,
+    "at_set_": lambda td, src: td.at[:1].set_(True) if td.ndim else td.at[...].set_(True),
 }
 
 NODES = tensordicts(
@@ -132,6 +160,8 @@ class TagRuleMachine(RuleBasedStateMachine):
         self.seen = [(td, [(t, t._version, t.clone()) for t in _leaves(td)]) for td, _ in self.seen]
 
     def _results(self, out: Any, inputs: list[tt.TensorDict]) -> Any:
+        if out is None:
+            return multiple()
         results = list(out) if isinstance(out, (list, tuple)) else [out]
         for result in results:
             assert isinstance(result, tt.TensorDict)
@@ -184,6 +214,13 @@ class TagRuleMachine(RuleBasedStateMachine):
         before = [(t, t.shape, t.dtype) for t in _leaves(td)]
         keys = list(td.keys(include_nested=True))
         source = td.clone()
+        if name in ("update_", "copy_") and _overlapping(td):
+            try:
+                WRITERS[name](td, source)
+            except WriteError as err:
+                assert "expanded tensor" in str(err)
+                return
+            raise AssertionError(f"{name} into an expanded leaf did not raise WriteError")
         assert WRITERS[name](td, source) is td
         assert [(t, t.shape, t.dtype) for t in _leaves(td)] == before
         assert list(td.keys(include_nested=True)) == keys

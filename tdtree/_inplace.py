@@ -7,11 +7,13 @@ refused call leaves the node untouched. They work on ``Locked`` nodes (that is
 what ``Locked`` asks for) and return the node they were called on, so they are
 not subject to the tag rule.
 
-Values: a tensor must have the leaf's dtype and device and a shape that
-broadcasts to the leaf's shape (no silent casts or transfers: convert with
-``.to(...)`` first); a Python number must fit the leaf's dtype kind (bool into
-any dtype, int into integer, float and complex leaves, float into float and
-complex leaves). All values are read before any leaf is written, so
+Values: a tensor must be on the leaf's device, have a shape that broadcasts
+to the leaf's shape, and a dtype that ``torch.can_cast`` to the leaf's (the
+same rule as ``at[idx].set_``: float64 into float32 is written, float into an
+integer leaf is refused rather than truncated); a Python number must fit the
+leaf's dtype kind the same way (bool into any dtype, int into integer, float
+and complex leaves, float into float and complex leaves). No transfers between
+devices: move the value with ``.to(...)`` first. All values are read before any leaf is written, so
 ``td.update_({"a": td["b"], "b": td["a"]})`` swaps.
 """
 
@@ -74,10 +76,11 @@ def _checked(
         return value
     where = f"{op}: {display(path)!r}"
     if isinstance(value, torch.Tensor):
-        if value.dtype != leaf.dtype:
+        if not torch.can_cast(value.dtype, leaf.dtype):
             raise WriteError(
-                f"{where} holds {leaf.dtype} and the value is {value.dtype}; in-place writes never change "
-                f"a dtype: convert the value with .to({leaf.dtype}) first"
+                f"{where} holds {leaf.dtype} and the value is {value.dtype}, which does not cast to it "
+                f"without truncation; in-place writes never change a dtype: convert the value with "
+                f".to({leaf.dtype}) first"
             )
         if value.device != leaf.device:
             raise WriteError(

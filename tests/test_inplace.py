@@ -98,7 +98,7 @@ def test_update_missing_key_raises_before_writing() -> None:
 def test_update_wrong_dtype_raises_before_writing() -> None:
     td = _node()
     snap = _snapshot(td)
-    with pytest.raises(WriteError, match=r"update_: 'i' holds torch.int64 and the value is torch.float32.*\.to\("):
+    with pytest.raises(WriteError, match=r"update_: 'i' holds torch.int64 and the value is torch.float32, which does not cast.*\.to\("):
         td.update_({"x": torch.ones(2, 3), "i": torch.ones(2)})
     _assert_untouched(snap)
 
@@ -119,6 +119,15 @@ def test_update_value_that_would_grow_the_leaf_is_refused() -> None:
 def test_update_wrong_device_raises_on_meta() -> None:
     with pytest.raises(WriteError, match=r"'x' is on cpu and the value is on meta.*\.to\('cpu'\)"):
         _node().update_({"x": torch.ones(2, 3, device="meta")})
+
+
+def test_update_casts_only_without_truncation() -> None:
+    td = _node()
+    td.update_({"x": torch.full((2, 3), 0.5, dtype=torch.float64), "i": torch.tensor([True, False])})
+    assert td["x"].dtype == torch.float32 and torch.equal(td["x"], torch.full((2, 3), 0.5))
+    assert torch.equal(td["i"], torch.tensor([1, 0]))
+    with pytest.raises(WriteError, match=r"\('n', 'm'\) holds torch.bool and the value is torch.int64"):
+        td.update_({("n", "m"): torch.tensor([1, 0])})
 
 
 def test_update_scalar_kinds() -> None:
@@ -222,8 +231,8 @@ def test_fill_errors_raise_before_writing() -> None:
         td.fill_("n", 2.0)
     with pytest.raises(WriteError, match=r"fill_: 'x': the value has shape \(3,\); fill_ takes a number or a 0-dim"):
         td.fill_("x", torch.ones(3))
-    with pytest.raises(WriteError, match=r"fill_: 'x' holds torch.float32 and the value is torch.int64"):
-        td.fill_("x", torch.tensor(1))
+    with pytest.raises(WriteError, match=r"fill_: 'i' holds torch.int64 and the value is torch.float32"):
+        td.fill_("i", torch.tensor(1.0))
     _assert_untouched(snap)
 
 

@@ -1,8 +1,9 @@
 """Shared nodes across torch.multiprocessing workers (spawn and fork).
 
 A node from ``share_memory()`` handed to a worker arrives tagged, with its
-leaves in the same shared storages, so in-place writes on either side are seen
-on the other. Workers live at module level so that spawned children can import
+leaves in the same shared storages, so in-place writes on either side
+(``update_``, ``fill_``, ``at[idx].set_``, also through a view ``td[i]``) are
+seen on the other. Workers live at module level so that spawned children can import
 them; every join is bounded and a stuck worker fails the test by name.
 """
 
@@ -44,11 +45,9 @@ def _inspect(td: tt.TensorDict, out: mp.Queue, go: mp.Event) -> None:
 
 
 def _write_rows(td: tt.TensorDict, row: int) -> None:
-    log = td["log"]
-    count = td["n", "count"]
     for step in range(STEPS):
-        log[row, step].fill_(step + 1)
-        count[row].add_(1)
+        td.at[row, step].set_(step + 1)
+    td[row].fill_("done", True)
 
 
 def _from_queue(inbox: mp.Queue, out: mp.Queue) -> None:
@@ -122,15 +121,21 @@ def test_node_sent_through_a_queue_keeps_storage(method: str) -> None:
 @pytest.mark.parametrize("method", CONTEXTS)
 def test_workers_write_disjoint_rows_nothing_lost(method: str) -> None:
     ctx = mp.get_context(method)
+    shape = (WORKERS, STEPS)
     td = tt.TensorDict(
-        {"log": torch.zeros(WORKERS, STEPS), "n": {"count": torch.zeros(WORKERS, dtype=torch.int64)}},
-        batch_size=[WORKERS],
+        {
+            "log": torch.zeros(shape),
+            "done": torch.zeros(shape, dtype=torch.bool),
+            "n": {"step": torch.zeros((*shape, 2), dtype=torch.int64)},
+        },
+        batch_size=shape,
     ).share_memory()
     procs = [ctx.Process(target=_write_rows, args=(td, row)) for row in range(WORKERS)]
     for p in procs:
         p.start()
     _join(procs, f"{method} row writers")
-    expected = torch.arange(1, STEPS + 1, dtype=torch.float32).expand(WORKERS, STEPS)
-    torch.testing.assert_close(td["log"], expected)
-    torch.testing.assert_close(td["n", "count"], torch.full((WORKERS,), STEPS))
+    steps = torch.arange(1, STEPS + 1).expand(shape)
+    torch.testing.assert_close(td["log"], steps.float())
+    torch.testing.assert_close(td["n", "step"], steps[..., None].expand(*shape, 2))
+    assert bool(td["done"].all())
     assert type(td) is tt.TensorDict[tt.Locked, tt.Shared]
