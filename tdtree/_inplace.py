@@ -29,6 +29,7 @@ from ._base import Node
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
+from ._tags import storage_key
 from ._validate import nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError
 
@@ -118,15 +119,15 @@ def _checked(
 
 def _write(pairs: list[tuple[torch.Tensor, Any]]) -> None:
     """Write every (leaf, value) pair, reading all values before the first write."""
-    # A value whose storage is also written is cloned first. Comparing storage
-    # pointers alone (without the device) can only clone too often, never too little.
-    targets = {leaf.untyped_storage().data_ptr() for leaf, _ in pairs}
-    targets.discard(0)
+    # A value whose storage is also written is cloned first; storage identity
+    # is decided in one place (_tags.storage_key), as for the tag rule.
+    targets = {storage_key(leaf) for leaf, _ in pairs}
+    targets.discard(None)
     dst, src, fills = [], [], []
     for leaf, value in pairs:
         if isinstance(value, torch.Tensor):
             dst.append(leaf)
-            src.append(value.clone() if value.untyped_storage().data_ptr() in targets else value)
+            src.append(value.clone() if storage_key(value) in targets else value)
         else:
             fills.append((leaf, value))
     if dst:
