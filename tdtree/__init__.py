@@ -11,6 +11,9 @@ from ._tags import Tag as Tag
 from .errors import LockedError as LockedError
 
 # operations (issue 3)
+from ._combine import cat as cat
+from ._combine import stack as stack
+from ._ops import where as where
 
 # tags and shared memory (issue 4)
 from .errors import WriteError as WriteError

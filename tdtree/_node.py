@@ -16,12 +16,12 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ItemsView, KeysView, ValuesView
 
 import torch
 
-from . import _index, _keyops, _maps, _shape
+from . import _combine, _device, _index, _keyops, _maps, _ops, _shape
 from . import _inplace, _shared
 from ._base import Node
 from ._keys import NestedKey, as_path
@@ -236,6 +236,173 @@ class TensorDict(Node):
 
     # -- maps, arithmetic, reductions (_maps.py, _ops.py) --------------------------------
 
+    def apply(self, fn: Callable[..., torch.Tensor], *others: TensorDict, batch_size: Any = None) -> TensorDict:
+        """``fn(leaf, *others' leaves)`` at every leaf, others paired by key; tags by the rule."""
+        return _maps.apply(self, fn, *others, batch_size=batch_size)
+
+    def named_apply(self, fn: Callable[..., torch.Tensor], *others: TensorDict, batch_size: Any = None) -> TensorDict:
+        """``fn(key, leaf, *others' leaves)`` at every leaf, key as in keys(include_nested=True); tags by the rule."""
+        return _maps.named_apply(self, fn, *others, batch_size=batch_size)
+
+    # Comparisons return nodes, as torch's do; hashing stays by identity, as for tensors.
+    __hash__ = Node.__hash__
+
+    def __add__(self, other: Any) -> TensorDict:
+        """``self + other`` leaf by leaf (number, batch-aligned tensor, or node by key); drops tags."""
+        return _ops.add(self, other)
+
+    def __radd__(self, other: Any) -> TensorDict:
+        """``other + self`` leaf by leaf; drops tags."""
+        return _ops.radd(self, other)
+
+    def __sub__(self, other: Any) -> TensorDict:
+        """``self - other`` leaf by leaf; drops tags."""
+        return _ops.sub(self, other)
+
+    def __rsub__(self, other: Any) -> TensorDict:
+        """``other - self`` leaf by leaf; drops tags."""
+        return _ops.rsub(self, other)
+
+    def __mul__(self, other: Any) -> TensorDict:
+        """``self * other`` leaf by leaf; drops tags."""
+        return _ops.mul(self, other)
+
+    def __rmul__(self, other: Any) -> TensorDict:
+        """``other * self`` leaf by leaf; drops tags."""
+        return _ops.rmul(self, other)
+
+    def __truediv__(self, other: Any) -> TensorDict:
+        """``self / other`` leaf by leaf; drops tags."""
+        return _ops.truediv(self, other)
+
+    def __rtruediv__(self, other: Any) -> TensorDict:
+        """``other / self`` leaf by leaf; drops tags."""
+        return _ops.rtruediv(self, other)
+
+    def __floordiv__(self, other: Any) -> TensorDict:
+        """``self // other`` leaf by leaf; drops tags."""
+        return _ops.floordiv(self, other)
+
+    def __rfloordiv__(self, other: Any) -> TensorDict:
+        """``other // self`` leaf by leaf; drops tags."""
+        return _ops.rfloordiv(self, other)
+
+    def __mod__(self, other: Any) -> TensorDict:
+        """``self % other`` leaf by leaf; drops tags."""
+        return _ops.mod(self, other)
+
+    def __rmod__(self, other: Any) -> TensorDict:
+        """``other % self`` leaf by leaf; drops tags."""
+        return _ops.rmod(self, other)
+
+    def __pow__(self, other: Any) -> TensorDict:
+        """``self ** other`` leaf by leaf; drops tags."""
+        return _ops.pow(self, other)
+
+    def __rpow__(self, other: Any) -> TensorDict:
+        """``other ** self`` leaf by leaf; drops tags."""
+        return _ops.rpow(self, other)
+
+    def __eq__(self, other: Any) -> TensorDict:  # type: ignore[override]
+        """A node of bools, ``self == other`` leaf by leaf; drops tags."""
+        return _ops.eq(self, other)
+
+    def __ne__(self, other: Any) -> TensorDict:  # type: ignore[override]
+        """A node of bools, ``self != other`` leaf by leaf; drops tags."""
+        return _ops.ne(self, other)
+
+    def __lt__(self, other: Any) -> TensorDict:
+        """A node of bools, ``self < other`` leaf by leaf; drops tags."""
+        return _ops.lt(self, other)
+
+    def __le__(self, other: Any) -> TensorDict:
+        """A node of bools, ``self <= other`` leaf by leaf; drops tags."""
+        return _ops.le(self, other)
+
+    def __gt__(self, other: Any) -> TensorDict:
+        """A node of bools, ``self > other`` leaf by leaf; drops tags."""
+        return _ops.gt(self, other)
+
+    def __ge__(self, other: Any) -> TensorDict:
+        """A node of bools, ``self >= other`` leaf by leaf; drops tags."""
+        return _ops.ge(self, other)
+
+    def __neg__(self) -> TensorDict:
+        """``-leaf`` for every leaf; drops tags."""
+        return _ops.neg(self)
+
+    def __abs__(self) -> TensorDict:
+        """``abs(leaf)`` for every leaf; drops tags."""
+        return _ops.abs(self)
+
+    def neg(self) -> TensorDict:
+        """``torch.neg`` of every leaf; drops tags."""
+        return _ops.neg(self)
+
+    def abs(self) -> TensorDict:
+        """``torch.abs`` of every leaf; drops tags."""
+        return _ops.abs(self)
+
+    def exp(self) -> TensorDict:
+        """``torch.exp`` of every leaf; drops tags."""
+        return _ops.exp(self)
+
+    def log(self) -> TensorDict:
+        """``torch.log`` of every leaf; drops tags."""
+        return _ops.log(self)
+
+    def sqrt(self) -> TensorDict:
+        """``torch.sqrt`` of every leaf; drops tags."""
+        return _ops.sqrt(self)
+
+    def sigmoid(self) -> TensorDict:
+        """``torch.sigmoid`` of every leaf; drops tags."""
+        return _ops.sigmoid(self)
+
+    def tanh(self) -> TensorDict:
+        """``torch.tanh`` of every leaf; drops tags."""
+        return _ops.tanh(self)
+
+    def sign(self) -> TensorDict:
+        """``torch.sign`` of every leaf; drops tags."""
+        return _ops.sign(self)
+
+    def pow(self, exponent: Any) -> TensorDict:
+        """``self ** exponent`` leaf by leaf; drops tags."""
+        return _ops.pow(self, exponent)
+
+    def clamp(self, min: Any = None, max: Any = None) -> TensorDict:  # noqa: A002
+        """``torch.clamp(leaf, min, max)`` for every leaf; drops tags."""
+        return _ops.clamp(self, min, max)
+
+    def where(self, condition: Any, other: Any) -> TensorDict:
+        """``tdtree.where(condition, self, other)``: self where condition holds, else other; drops tags."""
+        return _ops.where(condition, self, other)
+
+    def sum(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
+        """Sums over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
+        return _ops.sum(self, dim, keepdim)
+
+    def mean(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
+        """Means over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
+        return _ops.mean(self, dim, keepdim)
+
+    def amax(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
+        """Maxima over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
+        return _ops.amax(self, dim, keepdim)
+
+    def amin(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
+        """Minima over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
+        return _ops.amin(self, dim, keepdim)
+
+    def all(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """No dim: one 0-dim bool tensor over every element of every leaf; with dim: a node (drops tags)."""
+        return _ops.all(self, dim, keepdim)
+
+    def any(self, dim: Any = None, keepdim: bool = False) -> Any:
+        """No dim: one 0-dim bool tensor over every element of every leaf; with dim: a node (drops tags)."""
+        return _ops.any(self, dim, keepdim)
+
 
     # -- shapes (_shape.py) -----------------------------------------------------------------
 
@@ -298,6 +465,67 @@ class TensorDict(Node):
 
 
     # -- combining, devices and memory (_combine.py, _device.py) ------------------------
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """``torch.stack``/``cat``/``zeros_like``/``ones_like``/``full_like``/``empty_like`` on nodes; others decline."""
+        return _combine.torch_function(func, args, kwargs)
+
+    def to(self, *args: Any, **kwargs: Any) -> TensorDict:
+        """Every leaf through ``Tensor.to`` (device and/or dtype); keeps tags when nothing changes."""
+        return _device.to(self, *args, **kwargs)
+
+    def cpu(self) -> TensorDict:
+        """``to("cpu")``; keeps tags when already there."""
+        return _device.cpu(self)
+
+    def cuda(self, device: Any = None, non_blocking: bool = False) -> TensorDict:
+        """``to(CUDA device)``; keeps tags when already there."""
+        return _device.cuda(self, device, non_blocking)
+
+    def pin_memory(self) -> TensorDict:
+        """Every leaf in page-locked memory (needs an accelerator); drops tags unless already pinned."""
+        return _device.pin_memory(self)
+
+    def contiguous(self) -> TensorDict:
+        """Every leaf contiguous; keeps tags when every leaf already is."""
+        return _device.contiguous(self)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the distinct storages the leaves use (views count once)."""
+        return _device.nbytes(self)
+
+    def double(self) -> TensorDict:
+        """``to(torch.float64)``; keeps tags when already so."""
+        return _device.to(self, torch.float64)
+
+    def half(self) -> TensorDict:
+        """``to(torch.float16)``; keeps tags when already so."""
+        return _device.to(self, torch.float16)
+
+    def bfloat16(self) -> TensorDict:
+        """``to(torch.bfloat16)``; keeps tags when already so."""
+        return _device.to(self, torch.bfloat16)
+
+    def long(self) -> TensorDict:
+        """``to(torch.int64)``; keeps tags when already so."""
+        return _device.to(self, torch.int64)
+
+    # float/int/bool shadow the builtins for the annotations below them, so they come last in the section.
+    def float(self) -> TensorDict:
+        """``to(torch.float32)``; keeps tags when already so."""
+        return _device.to(self, torch.float32)
+
+    def int(self) -> TensorDict:
+        """``to(torch.int32)``; keeps tags when already so."""
+        return _device.to(self, torch.int32)
+
+    def bool(self) -> TensorDict:
+        """``to(torch.bool)``; keeps tags when already so."""
+        return _device.to(self, torch.bool)
 
 
     # -- in-place writers and shared memory (_inplace.py, _shared.py) -------------------

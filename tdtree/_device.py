@@ -1,0 +1,104 @@
+"""Devices, dtypes, layout and memory size.
+
+``Tensor.to`` and ``Tensor.contiguous`` return the very tensor when nothing
+changes, so ``to(same device)`` and ``contiguous()`` of a contiguous node
+reuse every storage and the tag rule keeps the tags; a real move or copy
+drops them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._base import Node, make
+from ._maps import flat, map_leaves
+from ._tags import storage_key, tag_rule
+
+__all__ = ["to", "cpu", "cuda", "pin_memory", "contiguous", "nbytes"]
+
+_DEVICE_LIKE = (torch.device, str, int)
+
+
+def _parse(args: tuple[Any, ...], device: Any, dtype: Any) -> tuple[torch.device | None, torch.dtype | None]:
+    for arg in args:
+        if isinstance(arg, torch.dtype) and dtype is None:
+            dtype = arg
+        elif isinstance(arg, _DEVICE_LIKE) and not isinstance(arg, bool) and device is None:
+            device = arg
+        else:
+            raise TypeError(
+                f"to() takes a device and/or a dtype (positionally or as device=/dtype=), got {arg!r}"
+            )
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    return (None if device is None else torch.device(device)), dtype
+
+
+def _moved(node: Node, device: torch.device, leaf_fn: Any) -> Node:
+    data = {k: _moved(v, device, leaf_fn) if isinstance(v, Node) else leaf_fn(v) for k, v in node._data.items()}
+    return make(type(node), data, node._meta[1], device)
+
+
+@tag_rule
+def to(
+    node: Node, *args: Any, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False
+) -> Node:
+    """Every leaf through ``Tensor.to(device, dtype, non_blocking)``.
+
+    Accepts ``to(device)``, ``to(dtype)``, ``to(device, dtype)`` and the same as
+    keywords; an int device means that CUDA device. With a device, the result's
+    ``device`` (and every sub-node's) is that device. Tags follow the rule:
+    kept when nothing moves or changes dtype (the leaves are reused), dropped otherwise.
+    """
+    dev, dt = _parse(args, device, dtype)
+    if dev is None:
+        return map_leaves(lambda x: x.to(dtype=dt, non_blocking=non_blocking), node)
+    return _moved(node, dev, lambda x: x.to(device=dev, dtype=dt, non_blocking=non_blocking))
+
+
+@tag_rule
+def cpu(node: Node) -> Node:
+    """``to("cpu")``: tags kept when already there."""
+    return to(node, torch.device("cpu"))
+
+
+@tag_rule
+def cuda(node: Node, device: int | torch.device | str | None = None, non_blocking: bool = False) -> Node:
+    """``to(device)`` for a CUDA ``device`` (None: ``"cuda"``, the current one); tags kept when already there."""
+    if device is None:
+        device = torch.device("cuda")
+    elif isinstance(device, int):
+        device = torch.device("cuda", device)
+    return to(node, device, non_blocking=non_blocking)
+
+
+@tag_rule
+def pin_memory(node: Node) -> Node:
+    """Every leaf in page-locked memory (``Tensor.pin_memory``); needs an accelerator.
+
+    Returns a new node on the same device; tags dropped (pinning copies),
+    except for leaves already pinned, which are reused.
+    """
+    return map_leaves(lambda x: x if x.is_pinned() else x.pin_memory(), node)
+
+
+@tag_rule
+def contiguous(node: Node) -> Node:
+    """Every leaf contiguous: contiguous leaves are reused, others copied. Tags follow the rule
+    (a node that is contiguous already keeps them)."""
+    return map_leaves(torch.Tensor.contiguous, node)
+
+
+def nbytes(node: Node) -> int:
+    """The bytes of the distinct storages the leaves use: views of one storage count once,
+    and a storage counts whole even when a leaf views only part of it."""
+    seen: set[tuple[torch.device, int]] = set()
+    total = 0
+    for leaf in flat(node)[0]:
+        key = storage_key(leaf)
+        if key is not None and key not in seen:
+            seen.add(key)
+            total += leaf.untyped_storage().nbytes()
+    return total
