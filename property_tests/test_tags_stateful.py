@@ -104,6 +104,12 @@ UNARY: dict[str, Callable[[tt.TensorDict], Any]] = {
     "unbind": _batched(lambda td: td.unbind(0)),
     "split": _batched(lambda td: td.split(1)),
     "chunk": _batched(lambda td: td.chunk(2)),
+    "add": lambda td: td + 1,
+    "apply_same": lambda td: td.apply(lambda x: x),
+    "apply_view": lambda td: td.apply(lambda x: x[...]),
+    "contiguous": lambda td: td.contiguous(),
+    "to_same_device": lambda td: td.to("cpu"),
+    "zeros_like": lambda td: torch.zeros_like(td),
     "select_first": lambda td: td.select(*_first_key(td)),
     "select_none": lambda td: td.select(),
     "exclude_first": lambda td: td.exclude(*_first_key(td)),
@@ -126,6 +132,18 @@ EDITORS: dict[str, Callable[[tt.TensorDict], Any]] = {
 # Operations of two nodes of the same structure: the second is always derived from the first.
 BINARY: dict[str, Callable[[tt.TensorDict, tt.TensorDict], Any]] = {
     "update_other": lambda a, b: a.update(b),
+    "add_nodes": lambda a, b: a + b,
+    "stack": lambda a, b: tt.stack([a, b]),
+    "torch_stack": lambda a, b: torch.stack([a, b], 0),
+    "cat": lambda a, b: tt.cat([a, b]) if a.ndim else None,
+}
+
+# The second input of a binary operation: the same structure, with the same, fewer, more or other storages and tags.
+PARTNERS: dict[str, Callable[[tt.TensorDict], tt.TensorDict]] = {
+    "shallow_copy": lambda td: td.clone(recurse=False),
+    "unlocked": lambda td: td.unlock(),
+    "locked": lambda td: td.lock(),
+    "shared_copy": lambda td: td.share_memory(),
 }
 
 # In-place writers, given the node and a clone of it to take values from.
@@ -193,10 +211,10 @@ class TagRuleMachine(RuleBasedStateMachine):
             raise AssertionError(f"{name} on a locked node did not raise LockedError")
         return self._results(EDITORS[name](td), [td])
 
-    @rule(target=nodes, td=nodes, name=st.sampled_from(sorted(BINARY)))
-    def binary(self, td: tt.TensorDict, name: str) -> Any:
-        other = td.clone(recurse=False)
-        if td.is_locked:
+    @rule(target=nodes, td=nodes, name=st.sampled_from(sorted(BINARY)), partner=st.sampled_from(sorted(PARTNERS)))
+    def binary(self, td: tt.TensorDict, name: str, partner: str) -> Any:
+        other = PARTNERS[partner](td)
+        if td.is_locked and name == "update_other":
             return multiple()
         return self._results(BINARY[name](td, other), [td, other])
 
@@ -246,5 +264,5 @@ class TagRuleMachine(RuleBasedStateMachine):
                 assert torch.equal(t, values), "a functional operation changed an earlier node's values"
 
 
-TagRuleMachine.TestCase.settings = settings(stateful_step_count=25)
+TagRuleMachine.TestCase.settings = settings(stateful_step_count=50)
 test_tag_rule_machine = TagRuleMachine.TestCase

@@ -61,8 +61,8 @@ class KeyMismatchError(ValueError):
 
     def __init__(self, what: str, left: Iterable[object], right: Iterable[object]) -> None:
         left, right = set(left), set(right)
-        only_left = ", ".join(sorted(map(_fmt, left - right)))
-        only_right = ", ".join(sorted(map(_fmt, right - left)))
+        only_left = sorted(map(_fmt, left - right))
+        only_right = sorted(map(_fmt, right - left))
         super().__init__(
             f"{what}: the nodes' keys differ; only in the first: {only_left or 'none'}, "
             f"only in the second: {only_right or 'none'}."
