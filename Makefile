@@ -1,6 +1,8 @@
 # make demo: set up .venv when missing and run the main example.
 # make test: the same set-up, then every test and property test (bench cases run once).
-# make bench: the side-by-side benchmark suite.
+# make bench: the side-by-side benchmark suite, results in bench/results/latest.json
+#   (python -m bench.report prints them; python -m bench.compare REF compares with a git ref).
+# make bench-quick: a representative subset (cases marked quick), under 2 minutes.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -21,10 +23,20 @@ demo: $(STAMP)
 	$(PY) examples/tour.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests property_tests
+	$(PY) -m pytest -q tests property_tests bench --benchmark-disable
+
+# Keep in step with BENCH_ARGS in bench/compare.py.
+BENCH_OPTS := --benchmark-max-time=0.25 --benchmark-min-rounds=20 --benchmark-warmup=on \
+	--benchmark-warmup-iterations=100 --benchmark-disable-gc --benchmark-sort=name \
+	--benchmark-columns=median,iqr,ops,rounds
 
 bench: $(STAMP)
-	$(PY) -m pytest -q bench
+	$(PY) -m pytest -q bench $(BENCH_OPTS) --benchmark-json=bench/results/latest.json
+	$(PY) -m bench.report bench/results/latest.json
+
+bench-quick: $(STAMP)
+	$(PY) -m pytest -q bench -m quick $(BENCH_OPTS) --benchmark-json=bench/results/quick.json
+	$(PY) -m bench.report bench/results/quick.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

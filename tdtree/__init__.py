@@ -21,5 +21,6 @@ from .errors import WriteError as WriteError
 # memmap and serialization (issue 5)
 
 # vmap
+from ._vmap import vmap as vmap
 
 __version__ = "0.1.0"

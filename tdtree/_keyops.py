@@ -7,7 +7,7 @@ and tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, KeysView, Mapping
 from typing import Any
 
 import torch
@@ -15,7 +15,7 @@ import torch
 from ._base import Node, make, sorted_data
 from ._keys import NestedKey, as_path, display
 from ._tags import Locked, tag_rule
-from ._validate import as_batch_size, as_device, build, entry, nest
+from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
 from .errors import BatchSizeError, KeyCollisionError, KeyNotFoundError, LockedError, NotANodeKeyError
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
     "keys",
     "values",
     "items",
-    "set",
+    "set_entry",
     "setdefault",
     "update",
     "select",
@@ -40,9 +40,8 @@ __all__ = [
 ]
 
 MISSING: Any = object()
-_ALL = object()
-# get()'s own "no default" is MISSING, so a lookup that must not raise passes this instead.
 _ABSENT: Any = object()
+_ALL = object()
 
 
 def check_unlocked(node: Node, op: str) -> None:
@@ -76,36 +75,71 @@ def contains(node: Node, key: object) -> bool:
     """True when ``key`` names an entry (a leaf or a sub-node)."""
     if type(key) is str:
         return key in node._data
-    return get(node, key, _ABSENT) is not _ABSENT if type(key) is tuple and key else False
+    return type(key) is tuple and len(key) > 0 and get(node, key, _ABSENT) is not _ABSENT
 
 
-def walk(node: Node, include_nested: bool, leaves_only: bool) -> Iterator[tuple[NestedKey, Any]]:
+def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[NestedKey, Any]]:
     """(key, value) pairs depth first in canonical order, a sub-node's key before its children's."""
-    for k, v in node._data.items():
-        is_node = isinstance(v, Node)
-        if not (leaves_only and is_node):
-            yield k, v
-        if include_nested and is_node:
-            for sub, w in walk(v, True, leaves_only):
-                yield ((k, sub) if type(sub) is str else (k, *sub)), w
+    out: list[tuple[NestedKey, Any]] = []
+
+    def visit(level: Node, prefix: tuple[str, ...]) -> None:
+        for k, v in level._data.items():
+            is_node = isinstance(v, Node)
+            if not (leaves_only and is_node):
+                out.append(((*prefix, k) if prefix else k, v))
+            if include_nested and is_node:
+                visit(v, (*prefix, k))
+
+    visit(node, ())
+    return out
+
+
+class NestedKeysView(KeysView):
+    """The keys of a node as a set-like view; membership is a lookup, not a walk."""
+
+    __slots__ = ("_node", "_nested", "_leaves", "_keys")
+
+    def __init__(self, node: Node, include_nested: bool, leaves_only: bool) -> None:
+        self._node, self._nested, self._leaves = node, include_nested, leaves_only
+        self._keys: list[NestedKey] | None = None
+
+    def _list(self) -> list[NestedKey]:
+        if self._keys is None:
+            self._keys = [k for k, _ in walk(self._node, self._nested, self._leaves)]
+        return self._keys
+
+    def __contains__(self, key: object) -> bool:
+        if type(key) is tuple and len(key) > 1 and not self._nested:
+            return False
+        value = get(self._node, key, _ABSENT) if type(key) in (str, tuple) and key else _ABSENT
+        return value is not _ABSENT and not (self._leaves and isinstance(value, Node))
+
+    def __iter__(self) -> Iterator[NestedKey]:
+        return iter(self._list())
+
+    def __len__(self) -> int:
+        return len(self._list())
+
+    def __repr__(self) -> str:
+        return f"NestedKeysView({self._list()!r})"
 
 
 def keys(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
     if not include_nested and not leaves_only:
         return node._data.keys()
-    return dict(walk(node, include_nested, leaves_only)).keys()
+    return NestedKeysView(node, include_nested, leaves_only)
 
 
 def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
     if not include_nested and not leaves_only:
         return node._data.values()
-    return dict(walk(node, include_nested, leaves_only)).values()
+    return [v for _, v in walk(node, include_nested, leaves_only)]
 
 
 def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
     if not include_nested and not leaves_only:
         return node._data.items()
-    return dict(walk(node, include_nested, leaves_only)).items()
+    return walk(node, include_nested, leaves_only)
 
 
 def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: Any) -> Node:
@@ -127,11 +161,12 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
         new[head] = _set_path(child, path[1:], full, value)
     if head not in old:
         new = sorted_data(new)
+    new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
 
 
 @tag_rule
-def set(node: Node, key: NestedKey, value: Any) -> Node:
+def set_entry(node: Node, key: NestedKey, value: Any) -> Node:
     """A new node with ``value`` at ``key``; missing intermediate nodes are created.
 
     Refused on a Locked node. Tags: kept only when ``value`` uses a storage the
@@ -164,7 +199,8 @@ def _update(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]) -> N
             new[k] = _update(current, sub, path)
         else:
             new[k] = entry(path, v, batch_size, device, type(node)._root)
-    return make(type(node), sorted_data(new), batch_size, device)
+    new, device = settle_device(sorted_data(new), device)
+    return make(type(node), new, batch_size, device)
 
 
 @tag_rule
@@ -255,7 +291,7 @@ def rename(node: Node, mapping: Mapping[NestedKey, NestedKey]) -> Node:
     moves = [(as_path(old), as_path(new)) for old, new in mapping.items()]
     moved = [(new, get(node, old)) for old, new in moves]
     targets = [new for new, _ in moved]
-    if len(frozenset(targets)) != len(targets):
+    if len(set(targets)) != len(targets):
         raise KeyCollisionError(f"rename: two keys are renamed to the same key in {dict(mapping)!r}")
     out = _exclude(node, _trie(tuple(old for old, _ in moves)), True, ())
     for new, value in moved:
@@ -306,30 +342,39 @@ class _Pending:
 def _unflatten(node: Node, sep: str) -> Node:
     _, batch_size, device, _ = node._meta
     top = _Pending({}, batch_size, device)
+    # Levels by their joined prefix, so each key finds its parent in one lookup.
+    levels: dict[str, _Pending] = {}
+
+    def level_of(prefix: str, key: str) -> _Pending:
+        if not prefix:
+            return top
+        found = levels.get(prefix)
+        if found is not None:
+            return found
+        head, _, name = prefix.rpartition(sep)
+        parent = level_of(head, key)
+        nxt = parent.data.get(name)
+        if nxt is None:
+            nxt = _Pending({}, parent.batch_size, parent.device)
+        elif isinstance(nxt, Node):
+            nxt = _Pending(dict(nxt._data), nxt._meta[1], nxt._meta[2])
+        else:
+            raise KeyCollisionError(f"unflatten_keys: {prefix!r} is a leaf and {key!r} needs it to be a node")
+        parent.data[name] = levels[prefix] = nxt
+        return nxt
+
     for k, v in node._data.items():
-        parts = k.split(sep)
         if isinstance(v, Node):
             v = _unflatten(v, sep)
-        level = top
-        for depth, part in enumerate(parts[:-1]):
-            nxt = level.data.get(part)
-            if nxt is None:
-                nxt = level.data[part] = _Pending({}, level.batch_size, level.device)
-            elif isinstance(nxt, Node):
-                nxt = level.data[part] = _Pending(dict(nxt._data), nxt._meta[1], nxt._meta[2])
-            elif not isinstance(nxt, _Pending):
-                raise KeyCollisionError(
-                    f"unflatten_keys: {sep.join(parts[: depth + 1])!r} is a leaf and {k!r} needs it to be a node"
+        prefix, _, last = k.rpartition(sep)
+        level = level_of(prefix, k)
+        if level.batch_size != batch_size and isinstance(v, torch.Tensor):
+            # Only a sub-node that existed before, with extra batch dims, can refuse the leaf.
+            if v.shape[: len(level.batch_size)] != level.batch_size:
+                raise BatchSizeError(
+                    f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
+                    f"the batch_size {tuple(level.batch_size)} of {prefix!r}"
                 )
-            if isinstance(v, torch.Tensor):
-                n = len(nxt.batch_size)
-                if tuple(v.shape[:n]) != tuple(nxt.batch_size):
-                    raise BatchSizeError(
-                        f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
-                        f"the batch_size {tuple(nxt.batch_size)} of {sep.join(parts[: depth + 1])!r}"
-                    )
-            level = nxt
-        last = parts[-1]
         existing = level.data.get(last)
         if existing is None:
             level.data[last] = v

@@ -183,7 +183,7 @@ class TensorDict(Node):
 
     def set(self, key: NestedKey, value: Any) -> TensorDict:
         """A new node with ``value`` at ``key`` (validated); only the path to it is copied."""
-        return _keyops.set(self, key, value)
+        return _keyops.set_entry(self, key, value)
 
     def setdefault(self, key: NestedKey, default: Any) -> TensorDict:
         """This node when ``key`` exists, else a new node with ``default`` there."""

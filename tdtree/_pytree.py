@@ -40,11 +40,16 @@ def _check_children(meta: tuple, values: list[Any]) -> None:
     batch_size = meta[1]
     n = len(batch_size)
     for key, value in zip(meta[0], values):
-        shape = value.batch_size if isinstance(value, Node) else getattr(value, "shape", None)
-        if shape is None or tuple(shape[:n]) != tuple(batch_size):
+        if isinstance(value, Node):
+            shape = value._meta[1]
+        elif isinstance(value, torch.Tensor):
+            shape = value.shape
+        else:
+            continue  # torch builds trees of placeholders (in_dims, specs) through unflatten too
+        if tuple(shape[:n]) != tuple(batch_size):
             raise BatchSizeError(
                 f"cannot rebuild a node with batch_size {tuple(batch_size)}: entry {key!r} has shape "
-                f"{None if shape is None else tuple(shape)}. torch.func.vmap hands leaves that lost the "
+                f"{tuple(shape)}. torch.func.vmap hands leaves that lost the "
                 "mapped dimension; map over nodes with tdtree.vmap, which rewrites batch sizes."
             )
 

@@ -16,10 +16,15 @@ def _leaf(t: torch.Tensor) -> str:
 def node_repr(node: Node, indent: int = 0) -> str:
     """``TypeName(fields={...}, batch_size=(...), device=...)``, one field a line."""
     pad = " " * (indent + 4)
-    lines = [f"{type(node).__name__}(", f"{pad}fields={{"]
-    for k, v in node._data.items():
-        text = node_repr(v, indent + 8) if isinstance(v, Node) else _leaf(v)
-        lines.append(f"{pad}    {k}: {text},")
+    lines = [f"{type(node).__name__}("]
+    if node._data:
+        lines.append(f"{pad}fields={{")
+        for k, v in node._data.items():
+            text = node_repr(v, indent + 8) if isinstance(v, Node) else _leaf(v)
+            lines.append(f"{pad}    {k}: {text},")
+        lines.append(f"{pad}}},")
+    else:
+        lines.append(f"{pad}fields={{}},")
     _, batch_size, device, _ = node._meta
-    lines += [f"{pad}}},", f"{pad}batch_size={tuple(batch_size)},", f"{pad}device={device}", " " * indent + ")"]
+    lines += [f"{pad}batch_size={tuple(batch_size)},", f"{pad}device={device}", " " * indent + ")"]
     return "\n".join(lines)

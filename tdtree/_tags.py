@@ -116,16 +116,29 @@ def _uniform(node: Node, tags: frozenset) -> bool:
     )
 
 
-def storage_key(tensor: torch.Tensor) -> tuple[torch.device, int] | None:
-    """The identity of ``tensor``'s storage, or None when the storage holds no bytes."""
+def storage_key(tensor: torch.Tensor) -> int | None:
+    """The identity of ``tensor``'s storage, or None when the storage holds no bytes.
+
+    The identity is the storage itself (its C++ object), which two tensors share
+    exactly when they view the same memory: the same test as equal
+    ``untyped_storage().data_ptr()``, but also defined for the fake tensors
+    dynamo traces with. Zero-byte storages hold no data and never decide.
+    """
     storage = tensor.untyped_storage()
-    if storage.nbytes() == 0:
-        return None
-    return (tensor.device, storage.data_ptr())
+    return storage._cdata if storage.nbytes() else None
 
 
-def _leaves(tree: Any) -> list[Any]:
-    return optree.tree_leaves(tree, namespace=NAMESPACE)
+@torch._dynamo.nonstrict_trace
+def _count_new_storages(result: list[torch.Tensor], inputs: list[torch.Tensor]) -> int:
+    # nonstrict_trace: under torch.compile dynamo runs this on the fake tensors
+    # at trace time (fakes keep their storages' identity) and keeps the int as a
+    # constant, so the rule adds no graph break; in eager it is a plain call.
+    known = {key for key in map(storage_key, inputs) if key is not None}
+    return sum(1 for key in map(storage_key, result) if key is not None and key not in known)
+
+
+def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    return [x for x in optree.tree_leaves(tree, namespace=NAMESPACE) if isinstance(x, torch.Tensor)]
 
 
 def _node_inputs(args: tuple, kwargs: dict) -> Iterator[Node]:
@@ -138,31 +151,14 @@ def _node_inputs(args: tuple, kwargs: dict) -> Iterator[Node]:
                     yield item
 
 
-def _keeps_storage(result: Node, known: set) -> bool:
-    for leaf in _leaves(result):
-        if isinstance(leaf, torch.Tensor):
-            key = storage_key(leaf)
-            if key is not None and key not in known:
-                return False
-    return True
-
-
 def _decide(out: Any, inputs: list[Node]) -> Any:
     common = frozenset.intersection(*(type(n)._tags for n in inputs))
-    known: set | None = None
-    if common:
-        known = set()
-        for node in inputs:
-            for leaf in _leaves(node):
-                if isinstance(leaf, torch.Tensor):
-                    key = storage_key(leaf)
-                    if key is not None:
-                        known.add(key)
+    input_leaves = _tensor_leaves(inputs) if common else []
 
     def one(result: Any) -> Any:
         if not isinstance(result, Node):
             return result
-        keep = known is not None and _keeps_storage(result, known)
+        keep = bool(common) and _count_new_storages(_tensor_leaves(result), input_leaves) == 0
         return retag(result, common if keep else frozenset())
 
     if type(out) in (list, tuple):
@@ -170,16 +166,30 @@ def _decide(out: Any, inputs: list[Node]) -> Any:
     return one(out)
 
 
+def _any_tagged(args: tuple, kwargs: dict) -> bool:
+    for arg in args:
+        if isinstance(arg, Node):
+            if arg._meta[3]:
+                return True
+        elif type(arg) is list or type(arg) is tuple:
+            for item in arg:
+                if isinstance(item, Node) and item._meta[3]:
+                    return True
+    return bool(kwargs) and _any_tagged(tuple(kwargs.values()), {})
+
+
 def tag_rule(fn: F) -> F:
-    """Apply the propagation rule to what ``fn`` returns (a node, or a list or tuple of nodes)."""
+    """Apply the propagation rule to what ``fn`` returns (a node, or a list or tuple of nodes).
+
+    Untagged inputs return ``fn``'s result as it is: the common path pays one
+    scan of the arguments and nothing else.
+    """
 
     @functools.wraps(fn)
     def op(*args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)
-        inputs = list(_node_inputs(args, kwargs))
-        for node in inputs:
-            if type(node)._tags:
-                return _decide(out, inputs)
+        if _any_tagged(args, kwargs):
+            return _decide(out, list(_node_inputs(args, kwargs)))
         return out
 
     return op  # type: ignore[return-value]

@@ -17,7 +17,7 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["as_batch_size", "as_device", "nest", "build", "entry"]
+__all__ = ["as_batch_size", "as_device", "nest", "build", "entry", "settle_device"]
 
 
 def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.Size:
@@ -129,7 +129,31 @@ def build(
     prefix: tuple[str, ...] = (),
 ) -> Any:
     """A validated, untagged node of type ``root`` from a mapping with str keys."""
-    checked = {k: entry((*prefix, k), v, batch_size, device, root) for k, v in data.items()}
-    if device is None:
-        device = _common_device(checked.values())
+    n = len(batch_size)
+    checked = {}
+    for k, v in data.items():
+        # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
+        if isinstance(v, torch.Tensor) and v.shape[:n] == batch_size and (device is None or v.device == device):
+            checked[k] = v
+        else:
+            checked[k] = entry((*prefix, k), v, batch_size, device, root)
+    checked, device = settle_device(checked, device)
     return make(root, sorted_data(checked), batch_size, device)
+
+
+def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[dict[str, Any], torch.device | None]:
+    """The device of a node holding ``data``: ``device`` when set, else the one all leaves share.
+
+    Sub-nodes holding no leaves have no device of their own; they take the one
+    found, so a node's device is always its sub-nodes' device too.
+    """
+    if device is not None:
+        return data, device
+    device = _common_device(data.values())
+    if device is None:
+        return data, None
+    settled = {
+        k: build(type(v)._root, v._data, v._meta[1], device) if isinstance(v, Node) and v._meta[2] is None else v
+        for k, v in data.items()
+    }
+    return settled, device

@@ -145,3 +145,9 @@ def test_at_set_inplace_checks_before_writing() -> None:
     with pytest.raises(TypeError, match="cannot be cast safely"):
         td.at[0].set_(torch.tensor(0.5))
     assert_equal(td, before)
+
+
+def test_range_index_is_a_list_of_ints() -> None:
+    td = tt.TensorDict({"a": torch.arange(12.0).reshape(4, 3)}, [4])
+    assert torch.equal(td[range(1, 3)]["a"], td["a"][[1, 2]])
+    assert td[range(0)].batch_size == torch.Size([0])

@@ -1,7 +1,20 @@
-"""Testing helpers: hypothesis strategies for nodes and equality assertions that name the key."""
+"""Testing helpers: equality assertions that name the key, and hypothesis strategies for nodes.
+
+The strategies need hypothesis and are imported on first use, so
+``assert_equal`` works without it.
+"""
+
+from typing import Any
 
 from ._assert import assert_close as assert_close
 from ._assert import assert_equal as assert_equal
-from ._strategies import batch_sizes as batch_sizes
-from ._strategies import nested_keys as nested_keys
-from ._strategies import tensordicts as tensordicts
+
+__all__ = ["assert_close", "assert_equal", "batch_sizes", "nested_keys", "tensordicts"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("batch_sizes", "nested_keys", "tensordicts"):
+        from . import _strategies
+
+        return getattr(_strategies, name)
+    raise AttributeError(f"module 'tdtree.testing' has no attribute {name!r}")

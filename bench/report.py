@@ -1,0 +1,113 @@
+"""Print a bench run as a Markdown table, tdtree beside tensordict and plain pytrees.
+
+Usage: ``python -m bench.report [bench/results/latest.json]``
+
+One row per case (the implementations of a case grouped by name): tdtree's
+max and mean time and its operations per second, the ops of tensordict and
+pytree, and tdtree's speedup over tensordict (its ops over tensordict's; above
+1 is ahead). Ops are 1 / the *median* time, not pytest-benchmark's 1 / mean:
+on a shared machine a few rounds stalled by other processes move the mean by
+tens of percent and the median hardly at all. Below the table: the counts of cases ahead and behind, the
+geometric-mean speedup, and the five cases furthest behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT = Path(__file__).parent / "results" / "latest.json"
+DASH = "—"
+
+
+def fmt_time(seconds: float) -> str:
+    """``seconds`` in the unit that keeps 1 to 3 digits before the point."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("μs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns"
+
+
+def fmt_ops(ops: float | None) -> str:
+    if ops is None:
+        return DASH
+    for unit, scale in (("MOps/s", 1e6), ("KOps/s", 1e3)):
+        if ops >= scale:
+            return f"{ops / scale:.4g} {unit}"
+    return f"{ops:.4g} Ops/s"
+
+
+def load(path: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """{case: {impl: stats}} from a pytest-benchmark JSON file, in the run's order."""
+    data = json.loads(Path(path).read_text())
+    cases: dict[str, dict[str, dict[str, Any]]] = {}
+    for bench in data["benchmarks"]:
+        info = bench.get("extra_info", {})
+        case = info.get("case", bench["name"])
+        cases.setdefault(case, {})[info.get("impl", "tdtree")] = bench["stats"]
+    return cases
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def _ops(stats: dict[str, Any] | None) -> float | None:
+    return None if stats is None else 1.0 / stats["median"]
+
+
+def table(cases: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The Markdown table and its summary."""
+    lines = [
+        "| Name | Max | Mean | Ops | Ops tensordict | Ops pytree | Speedup vs tensordict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    speedups: dict[str, float] = {}
+    vs_pytree: list[float] = []
+    for case, impls in cases.items():
+        mine = impls.get("tdtree")
+        ops, ops_td, ops_pt = _ops(mine), _ops(impls.get("tensordict")), _ops(impls.get("pytree"))
+        speed = DASH
+        if ops is not None and ops_td is not None:
+            speedups[case] = ops / ops_td
+            speed = f"{speedups[case]:.2f}x"
+        if ops is not None and ops_pt is not None:
+            vs_pytree.append(ops / ops_pt)
+        max_t = fmt_time(mine["max"]) if mine else DASH
+        mean_t = fmt_time(mine["mean"]) if mine else DASH
+        lines.append(
+            f"| `{case}` | {max_t} | {mean_t} | {fmt_ops(ops)} | {fmt_ops(ops_td)} | {fmt_ops(ops_pt)} | {speed} |"
+        )
+    ahead = sum(s > 1 for s in speedups.values())
+    behind = sum(s < 1 for s in speedups.values())
+    missing = sum("tdtree" not in impls for impls in cases.values())
+    lines += [
+        "",
+        f"tdtree is ahead of tensordict in {ahead} cases and behind in {behind} "
+        f"(of {len(speedups)} run on both; {missing} cases have no tdtree result yet).",
+        "Ops: 1 / median time. "
+        f"Geometric-mean speedup vs tensordict: {geomean(list(speedups.values())):.2f}x"
+        + (f"; vs plain pytrees: {geomean(vs_pytree):.2f}x over {len(vs_pytree)} cases." if vs_pytree else "."),
+    ]
+    worst = sorted((kv for kv in speedups.items() if kv[1] < 1), key=lambda kv: kv[1])[:5]
+    if worst:
+        lines += ["", "Furthest behind tensordict (lowest speedup):", ""]
+        lines += [f"1. `{case}`: {s:.2f}x" for case, s in worst]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    path = Path(args[0]) if args else DEFAULT
+    if not path.exists():
+        print(f"no results at {path}: run `make bench` first", file=sys.stderr)
+        return 1
+    print(table(load(path)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

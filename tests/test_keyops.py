@@ -1,0 +1,207 @@
+"""Key operations: lookup, editors, select/exclude, flatten/unflatten, dict conversion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tdtree as tt
+from tdtree.testing import assert_equal
+from tdtree.errors import BatchSizeError, KeyCollisionError, KeyNotFoundError, LockedError, NotANodeKeyError
+
+
+@pytest.fixture
+def td() -> tt.TensorDict:
+    return tt.TensorDict(
+        {"obs": torch.randn(4, 3), "next": {"reward": torch.randn(4, 1), "done": torch.zeros(4, 1, dtype=torch.bool)}},
+        batch_size=[4],
+    )
+
+
+def test_get_forms(td: tt.TensorDict) -> None:
+    assert td.get("obs") is td["obs"] is td[("obs",)]
+    assert td.get(("next", "reward")) is td["next", "reward"] is td["next"]["reward"]
+    assert td.get("missing", None) is None
+    assert td.get(("next", "missing"), 3) == 3
+
+
+def test_missing_key_error_names_key_keys_and_matches(td: tt.TensorDict) -> None:
+    with pytest.raises(KeyNotFoundError, match=r"key 'ob' not found; the keys here are: 'next', 'obs'\. Did you mean 'obs'") as err:
+        td["ob"]
+    assert isinstance(err.value, KeyError) and err.value.key == "ob"
+    with pytest.raises(KeyNotFoundError, match=r"\('next', 'rewad'\) not found.*Did you mean \('next', 'reward'\)"):
+        td.get(("next", "rewad"))
+
+
+def test_key_through_a_tensor(td: tt.TensorDict) -> None:
+    with pytest.raises(NotANodeKeyError, match="'obs' is a tensor, not a node"):
+        td["obs", "x"]
+
+
+def test_keys_values_items_flags(td: tt.TensorDict) -> None:
+    assert list(td.keys()) == ["next", "obs"]
+    assert list(td.keys(include_nested=True)) == ["next", ("next", "done"), ("next", "reward"), "obs"]
+    assert list(td.keys(include_nested=True, leaves_only=True)) == [("next", "done"), ("next", "reward"), "obs"]
+    assert list(td.keys(leaves_only=True)) == ["obs"]
+    assert td.keys(True) == {"next", ("next", "done"), ("next", "reward"), "obs"}
+    vals = list(td.values(include_nested=True, leaves_only=True))
+    assert vals[0] is td["next", "done"] and vals[2] is td["obs"]
+    items = dict(td.items(include_nested=True))
+    assert items["next"] is td["next"] and items[("next", "reward")] is td["next", "reward"]
+    assert list(td.values()) == [td["next"], td["obs"]]
+
+
+def test_set_returns_new_node_and_shares_structure(td: tt.TensorDict) -> None:
+    x = torch.ones(4, 2)
+    out = td.set(("next", "extra"), x)
+    assert out["next", "extra"] is x
+    assert "extra" not in td["next"]
+    assert out["obs"] is td["obs"]
+    assert out["next", "reward"] is td["next", "reward"]
+    deep = td.set(("a", "b", "c"), torch.zeros(4))
+    assert deep["a"].batch_size == torch.Size([4]) and deep["a", "b"].batch_size == torch.Size([4])
+    assert list(deep.keys()) == ["a", "next", "obs"]
+
+
+def test_set_replaces_and_validates(td: tt.TensorDict) -> None:
+    out = td.set("obs", torch.zeros(4, 7))
+    assert out["obs"].shape == (4, 7)
+    with pytest.raises(BatchSizeError, match=r"'obs' has shape \(3,\)"):
+        td.set("obs", torch.zeros(3))
+    with pytest.raises(KeyCollisionError, match=r"'obs' is a tensor, not a node"):
+        td.set(("obs", "x"), torch.zeros(4))
+    with pytest.raises(TypeError, match="keys are str or tuples of str"):
+        td.set(1, torch.zeros(4))  # type: ignore[arg-type]
+
+
+def test_set_dict_and_node_values(td: tt.TensorDict) -> None:
+    out = td.set("d", {"x": torch.zeros(4, 2)})
+    assert isinstance(out["d"], tt.TensorDict) and out["d"].batch_size == torch.Size([4])
+    sub = td["next"].lock()
+    again = td.set("copy", sub)
+    assert type(again["copy"]) is tt.TensorDict
+
+
+def test_setdefault(td: tt.TensorDict) -> None:
+    assert td.setdefault("obs", torch.zeros(4)) is td
+    out = td.setdefault("new", torch.zeros(4))
+    assert "new" in out and "new" not in td
+
+
+def test_update_merges_nested(td: tt.TensorDict) -> None:
+    x = torch.ones(4, 5)
+    out = td.update({"next": {"extra": x}, ("next", "reward"): torch.zeros(4, 1), "z": torch.zeros(4)})
+    assert out["next", "extra"] is x
+    assert out["next", "done"] is td["next", "done"]
+    assert torch.equal(out["next", "reward"], torch.zeros(4, 1))
+    assert list(out.keys()) == ["next", "obs", "z"]
+    other = tt.TensorDict({"obs": torch.zeros(4, 3)}, [4])
+    assert out.update(other)["obs"] is other["obs"]
+    with pytest.raises(BatchSizeError, match="'z'"):
+        td.update({"z": torch.zeros(5)})
+
+
+def test_select_and_exclude(td: tt.TensorDict) -> None:
+    s = td.select("obs", ("next", "reward"))
+    assert list(s.keys(True)) == ["next", ("next", "reward"), "obs"]
+    assert s["obs"] is td["obs"]
+    assert list(td.select("next", ("next", "done")).keys(True)) == list(td.select("next").keys(True))
+    assert list(td.select(("next", "done"), "next").keys(True)) == list(td.select("next").keys(True))
+    e = td.exclude(("next", "reward"), ("next", "done"))
+    assert list(e.keys(True)) == ["next", "obs"] and len(e["next"]) == 0
+    assert list(td.exclude("next").keys()) == ["obs"]
+    with pytest.raises(KeyNotFoundError, match="'nope'"):
+        td.select("nope")
+    with pytest.raises(KeyNotFoundError, match=r"\('next', 'nope'\)"):
+        td.exclude(("next", "nope"))
+    assert list(td.select("nope", "obs", strict=False).keys()) == ["obs"]
+    assert list(td.exclude("nope", strict=False).keys()) == ["next", "obs"]
+    with pytest.raises(NotANodeKeyError):
+        td.select(("obs", "x"))
+
+
+def test_rename(td: tt.TensorDict) -> None:
+    out = td.rename({"obs": ("next", "obs"), ("next", "reward"): "reward"})
+    assert out["next", "obs"] is td["obs"]
+    assert out["reward"] is td["next", "reward"]
+    assert "obs" not in out
+    with pytest.raises(KeyCollisionError, match="'next' already exists"):
+        td.rename({"obs": "next"})
+    with pytest.raises(KeyNotFoundError, match="'zz'"):
+        td.rename({"zz": "y"})
+    with pytest.raises(KeyCollisionError, match="same key"):
+        td.rename({"obs": "y", "next": "y"})
+    swapped = td.rename({"obs": "next", "next": "obs"})
+    assert swapped["next"] is td["obs"] and swapped["obs"]["reward"] is td["next", "reward"]
+
+
+def test_flatten_and_unflatten_keys(td: tt.TensorDict) -> None:
+    flat = td.flatten_keys()
+    assert list(flat.keys()) == ["next.done", "next.reward", "obs"]
+    assert flat["next.reward"] is td["next", "reward"]
+    assert list(td.flatten_keys("/").keys()) == ["next/done", "next/reward", "obs"]
+    back = flat.unflatten_keys()
+    assert_equal(back, td)
+
+
+def test_flatten_clash_and_empty_subnode() -> None:
+    clash = tt.TensorDict({"a.b": torch.zeros(1), "a": {"b": torch.ones(1)}}, [1])
+    with pytest.raises(KeyCollisionError, match=r"\('a', 'b'\) and 'a.b' both become 'a.b'|'a.b' and \('a', 'b'\)"):
+        clash.flatten_keys()
+    with_empty = tt.TensorDict({"a": {}, "b": torch.zeros(1)}, [1])
+    assert list(with_empty.flatten_keys().keys()) == ["a", "b"]
+    assert_equal(with_empty.flatten_keys().unflatten_keys(), with_empty)
+
+
+def test_unflatten_clash_names_both() -> None:
+    td = tt.TensorDict({"a": torch.zeros(1), "a.b": torch.zeros(1)}, [1])
+    with pytest.raises(KeyCollisionError, match=r"'a' is a leaf and 'a.b' needs it to be a node"):
+        td.unflatten_keys()
+
+
+def test_unflatten_merges_into_existing_subnode() -> None:
+    td = tt.TensorDict({"a": {"x": torch.zeros(2)}, "a.y": torch.ones(2)}, [2])
+    out = td.unflatten_keys()
+    assert list(out.keys(True)) == ["a", ("a", "x"), ("a", "y")]
+    deeper = tt.TensorDict({"a": tt.TensorDict({"x": torch.zeros(2, 3)}, [2, 3]), "a.y": torch.ones(2)}, [2])
+    with pytest.raises(BatchSizeError, match=r"'a.y' has shape \(2,\).*\(2, 3\)"):
+        deeper.unflatten_keys()
+
+
+def test_to_dict_and_from_dict(td: tt.TensorDict) -> None:
+    d = td.to_dict()
+    assert type(d) is dict and type(d["next"]) is dict and d["obs"] is td["obs"]
+    assert_equal(tt.TensorDict.from_dict(d, batch_size=[4]), td)
+    auto = tt.TensorDict.from_dict({"a": torch.zeros(4, 3, 2), "n": {"b": torch.zeros(4, 3)}})
+    assert auto.batch_size == torch.Size([4, 3])
+    assert auto["n"].batch_size == torch.Size([4, 3])
+    single = tt.TensorDict.from_dict({"a": torch.zeros(4, 3)})
+    assert single.batch_size == torch.Size([4, 3])
+    deeper = tt.TensorDict.from_dict({"a": torch.zeros(4), "n": {"b": torch.zeros(4, 3), "c": torch.zeros(4, 3, 1)}})
+    assert deeper.batch_size == torch.Size([4]) and deeper["n"].batch_size == torch.Size([4, 3])
+    assert tt.TensorDict.from_dict({}).batch_size == torch.Size([])
+
+
+def test_clone(td: tt.TensorDict) -> None:
+    deep = td.clone()
+    assert_equal(deep, td)
+    assert deep["obs"] is not td["obs"]
+    assert deep["obs"].untyped_storage().data_ptr() != td["obs"].untyped_storage().data_ptr()
+    shallow = td.clone(recurse=False)
+    assert shallow is not td and shallow["next"] is not td["next"] and shallow["obs"] is td["obs"]
+
+
+def test_locked_editors_refuse_and_name_the_in_place_writers(td: tt.TensorDict) -> None:
+    locked = td.lock()
+    for call in (
+        lambda: locked.set("a", torch.zeros(4)),
+        lambda: locked.update({"a": torch.zeros(4)}),
+        lambda: locked.rename({"obs": "o"}),
+        lambda: locked.setdefault("a", torch.zeros(4)),
+    ):
+        with pytest.raises(LockedError, match=r"update_\(\), copy_\(\) or at\[idx\]\.set_\(\).*unlock\(\)"):
+            call()
+    assert isinstance(LockedError("set"), RuntimeError)
+    assert type(locked.select("obs")) is tt.TensorDict[tt.Locked]
+    assert type(locked.exclude("obs")) is tt.TensorDict[tt.Locked]
+    assert type(locked.unlock().set("a", torch.zeros(4))) is tt.TensorDict
