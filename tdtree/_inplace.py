@@ -117,23 +117,27 @@ def _checked(
     return value
 
 
+@torch._dynamo.nonstrict_trace
+def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
+    """For each of ``values``: whether it uses a storage one of ``targets`` uses."""
+    # nonstrict_trace: under torch.compile this runs on the fake tensors at
+    # trace time (they keep their storages' identity), as the tag rule does.
+    known = {key for key in map(storage_key, targets) if key is not None}
+    return tuple(key is not None and key in known for key in map(storage_key, values))
+
+
 def _write(pairs: list[tuple[torch.Tensor, Any]]) -> None:
     """Write every (leaf, value) pair, reading all values before the first write."""
-    # A value whose storage is also written is cloned first; storage identity
-    # is decided in one place (_tags.storage_key), as for the tag rule.
-    targets = {storage_key(leaf) for leaf, _ in pairs}
-    targets.discard(None)
-    dst, src, fills = [], [], []
-    for leaf, value in pairs:
-        if isinstance(value, torch.Tensor):
-            dst.append(leaf)
-            src.append(value.clone() if storage_key(value) in targets else value)
-        else:
-            fills.append((leaf, value))
+    dst = [leaf for leaf, value in pairs if isinstance(value, torch.Tensor)]
+    src = [value for _, value in pairs if isinstance(value, torch.Tensor)]
     if dst:
+        # a value whose storage is also written is copied first
+        flags = _aliased(src, [leaf for leaf, _ in pairs])
+        src = [v.clone() if aliased else v for v, aliased in zip(src, flags)]
         torch._foreach_copy_(dst, src)
-    for leaf, value in fills:
-        leaf.fill_(value)
+    for leaf, value in pairs:
+        if not isinstance(value, torch.Tensor):
+            leaf.fill_(value)
 
 
 def _update_pairs(

@@ -281,3 +281,32 @@ def test_share_memory_zero_size_and_noncontiguous_leaves() -> None:
     assert shared["t"].is_shared()
     assert torch.equal(shared["t"], td["t"])
     assert type(shared) is tt.TensorDict[tt.Shared, tt.Locked]
+
+
+# -- under torch.compile ------------------------------------------------------------------
+
+
+def _writes(td: tt.TensorDict, other: tt.TensorDict, x: torch.Tensor) -> torch.Tensor:
+    td.update_({"a": td["b"], "b": td["a"]})  # a swap: the aliasing check must hold when traced
+    td.fill_("c", 2.0)
+    td.update_({"c": x + td["c"]})
+    other.copy_(td)
+    other.zero_()
+    return td["a"] + td["b"] + td["c"].sum()
+
+
+def test_writers_trace_without_graph_breaks() -> None:
+    def fresh() -> tuple[tt.TensorDict, tt.TensorDict]:
+        td = tt.TensorDict(
+            {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 4.0]), "c": torch.zeros(2, 2)}, batch_size=[2]
+        ).share_memory()
+        return td, td.clone().lock()
+
+    eager_td, eager_other = fresh()
+    expected = _writes(eager_td, eager_other, torch.ones(2))
+    td, other = fresh()
+    got = torch.compile(_writes, fullgraph=True, backend="eager")(td, other, torch.ones(2))
+    torch.testing.assert_close(got, expected)
+    assert_equal(td, eager_td)
+    assert_equal(other, eager_other)
+    assert torch.equal(td["a"], torch.tensor([3.0, 4.0])) and torch.equal(td["b"], torch.tensor([1.0, 2.0]))
