@@ -18,7 +18,7 @@ from . import _ops
 from ._base import Node
 from ._maps import flat, map_leaves, paired_leaves, rebuild
 from ._tags import tag_rule
-from .errors import BatchSizeError
+from .errors import BatchDimError, BatchSizeError
 
 __all__ = ["stack", "cat", "zeros_like", "ones_like", "full_like", "empty_like", "torch_function"]
 
@@ -48,14 +48,14 @@ def stack(nodes: Sequence[Node], dim: int = 0) -> Node:
     Raises:
         KeyMismatchError: the key sets differ (the message names the keys).
         BatchSizeError: the batch sizes differ (the message names them).
-        IndexError: ``dim`` is out of range.
+        BatchDimError: ``dim`` is out of range.
     """
     _check_nodes("stack", nodes)
     first = nodes[0]
     batch_size = first._meta[1]
     n = len(batch_size)
     if not -n - 1 <= dim <= n:
-        raise IndexError(
+        raise BatchDimError(
             f"stack: dim {dim} is out of range for a new batch dim of batch_size {tuple(batch_size)} "
             f"(allowed: {-n - 1}..{n})"
         )
@@ -75,14 +75,14 @@ def cat(nodes: Sequence[Node], dim: int = 0) -> Node:
     Raises:
         KeyMismatchError: the key sets differ (the message names the keys).
         BatchSizeError: the batch sizes differ outside ``dim`` (the message names them).
-        IndexError: ``dim`` is out of range (a node with batch_size () has no dim to cat along).
+        BatchDimError: ``dim`` is out of range (a node with batch_size () has no dim to cat along).
     """
     _check_nodes("cat", nodes)
     first = nodes[0]
     batch_size = first._meta[1]
     n = len(batch_size)
     if not -n <= dim < n:
-        raise IndexError(
+        raise BatchDimError(
             f"cat: dim {dim} is out of range for the batch_size {tuple(batch_size)}"
             + (f" (allowed: {-n}..{n - 1})" if n else "; stack nodes with batch_size () instead")
         )

@@ -144,9 +144,7 @@ class TensorDict(Node):
             return value
         if type(index) is tuple and index and type(index[0]) is str:
             return _keyops.get(self, index)
-        from ._index import getitem
-
-        return getitem(self, index)
+        return _index.getitem(self, index)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         raise TypeError(

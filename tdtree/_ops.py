@@ -28,7 +28,7 @@ import torch
 from ._base import Node
 from ._maps import flat, paired_leaves, rebuild
 from ._tags import tag_rule
-from .errors import BatchSizeError
+from .errors import BatchDimError, BatchSizeError
 
 __all__ = [
     "add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv", "rfloordiv",
@@ -180,7 +180,7 @@ def where(condition: Node | torch.Tensor, input: Any, other: Any) -> Node:  # no
 
 
 def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Size) -> tuple[int, ...]:
-    """``dim`` as sorted non-negative batch dims (None: all); IndexError naming the dim and batch_size."""
+    """``dim`` as sorted non-negative batch dims (None: all); BatchDimError naming the dim and batch_size."""
     n = len(batch_size)
     if dim is None:
         return tuple(range(n))
@@ -188,7 +188,7 @@ def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Siz
     out = []
     for d in dims:
         if not isinstance(d, int) or not -n <= d < n:
-            raise IndexError(
+            raise BatchDimError(
                 f"{what}: dim {d!r} is out of range for the batch_size {tuple(batch_size)} "
                 f"(batch dims are -{n}..{n - 1}; feature dims are reached through td.apply)"
                 if n
@@ -196,7 +196,7 @@ def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Siz
             )
         out.append(d % n)
     if len(set(out)) != len(out):
-        raise IndexError(f"{what}: dim {dims!r} names a batch dim twice")
+        raise BatchDimError(f"{what}: dim {dims!r} names a batch dim twice")
     return tuple(sorted(out))
 
 

@@ -103,14 +103,18 @@ def entry(
     )
 
 
+def _has_leaves(node: Node) -> bool:
+    return any(not isinstance(v, Node) or _has_leaves(v) for v in node._data.values())
+
+
 def _common_device(values: Any) -> torch.device | None:
     found: torch.device | None = None
     for v in values:
         if isinstance(v, Node):
             d = v._meta[2]
             if d is None:
-                if v._data:
-                    return None
+                if _has_leaves(v):
+                    return None  # its leaves disagree
                 continue
         else:
             d = v.device

@@ -157,3 +157,9 @@ def test_tagged_types() -> None:
     assert type(locked.unlock()) is tt.TensorDict
     with pytest.raises(TypeError, match="takes tags"):
         tt.TensorDict["Locked"]  # type: ignore[index]
+
+
+def test_sub_nodes_without_leaves_take_the_device_found() -> None:
+    holds_only_empty = tt.TensorDict({"e": tt.TensorDict({}, [])}, [])
+    td = tt.TensorDict({"a": {"x": torch.zeros(())}, "b": holds_only_empty}, [])
+    assert td.device == td["b"].device == td["b", "e"].device == torch.device("cpu")
