@@ -16,6 +16,7 @@ from ._combine import stack as stack
 from ._ops import where as where
 
 # tags and shared memory (issue 4)
+from .errors import WriteError as WriteError
 
 # memmap and serialization (issue 5)
 from ._memmap import load_memmap as load_memmap

@@ -22,6 +22,7 @@ from typing import Any, ItemsView, KeysView, ValuesView
 import torch
 
 from . import _combine, _device, _index, _keyops, _maps, _ops, _shape
+from . import _inplace, _shared
 from ._base import Node
 from ._keys import NestedKey, as_path
 from ._repr import node_repr
@@ -526,6 +527,26 @@ class TensorDict(Node):
 
 
     # -- in-place writers and shared memory (_inplace.py, _shared.py) -------------------
+
+    def update_(self, other: Mapping[Any, Any] | TensorDict) -> TensorDict:
+        """This node, after writing ``other``'s values into the existing leaves (broadcast; same keys)."""
+        return _inplace.update_(self, other)
+
+    def copy_(self, other: TensorDict) -> TensorDict:
+        """This node, after copying every leaf of ``other`` (same keys, shapes, dtypes) into its leaves."""
+        return _inplace.copy_(self, other)
+
+    def zero_(self) -> TensorDict:
+        """This node, after setting every leaf to zero in place."""
+        return _inplace.zero_(self)
+
+    def fill_(self, key: NestedKey, value: Any) -> TensorDict:
+        """This node, after filling the leaf (or every leaf of the sub-node) at ``key`` with ``value``."""
+        return _inplace.fill_(self, key, value)
+
+    def share_memory(self) -> TensorDict:
+        """A copy with every leaf in shared memory, tagged ``{Shared, Locked}`` (the input is unchanged)."""
+        return _shared.share_memory(self)
 
 
     # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------

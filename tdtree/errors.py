@@ -16,6 +16,7 @@ __all__ = [
     "NotANodeKeyError",
     "OutKeysError",
     "SerializationError",
+    "WriteError",
 ]
 
 
@@ -87,6 +88,14 @@ class LockedError(RuntimeError):
 
 class MemmapError(OSError):
     """A memory-mapped node could not be written or read; the message names the file."""
+
+
+class WriteError(ValueError):
+    """An in-place writer was given a value that would change a leaf's shape, dtype or device.
+
+    Raised before anything is written; the message names the key, both shapes or dtypes, and
+    the functional editor or conversion to use instead.
+    """
 
 
 class BatchDimError(IndexError):

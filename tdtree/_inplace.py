@@ -1,0 +1,264 @@
+"""The in-place writers: ``update_``, ``copy_``, ``zero_``, ``fill_``.
+
+They are the only functions that change a node's storage contents, and they
+never change anything else: keys, shapes, dtypes and devices stay as they are.
+Each one checks every value first and writes only when all of them fit, so a
+refused call leaves the node untouched. They work on ``Locked`` nodes (that is
+what ``Locked`` asks for) and return the node they were called on, so they are
+not subject to the tag rule.
+
+Values: a tensor must be on the leaf's device, have a shape that broadcasts
+to the leaf's shape, and a dtype that ``torch.can_cast`` to the leaf's (the
+same rule as ``at[idx].set_``: float64 into float32 is written, float into an
+integer leaf is refused rather than truncated); a Python number must fit the
+leaf's dtype kind the same way (bool into any dtype, int into integer, float
+and complex leaves, float into float and complex leaves). No transfers between
+devices: move the value with ``.to(...)`` first. All values are read before any leaf is written, so
+``td.update_({"a": td["b"], "b": td["a"]})`` swaps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optree
+import torch
+
+from ._base import Node
+from ._keyops import MISSING, get, walk
+from ._keys import NestedKey, as_path, display
+from ._pytree import NAMESPACE
+from ._tags import storage_key
+from ._validate import nest
+from .errors import KeyMismatchError, KeyNotFoundError, WriteError
+
+__all__ = ["update_", "copy_", "zero_", "fill_"]
+
+_SCALAR_KIND = {bool: 0, int: 1, float: 2, complex: 3}
+
+
+def _dtype_kind(dtype: torch.dtype) -> int:
+    if dtype is torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 1
+
+
+def _overlapping(leaf: torch.Tensor) -> bool:
+    # expand() makes stride-0 dims: several elements share one memory cell,
+    # and copy_ refuses to write such a tensor (after earlier leaves were written).
+    return any(st == 0 and n > 1 for st, n in zip(leaf.stride(), leaf.shape))
+
+
+def _broadcasts(source: torch.Size, target: torch.Size) -> bool:
+    # torch.broadcast_shapes costs ~14 us; this is the same test for a fixed target.
+    if len(source) > len(target):
+        return False
+    return all(s == t or s == 1 for s, t in zip(reversed(source), reversed(target)))
+
+
+def _fits(leaf: torch.Tensor, value: torch.Tensor) -> bool:
+    """The common case, tested fast: same dtype, shape and device, and a leaf without stride 0."""
+    return (
+        value.dtype == leaf.dtype
+        and value.shape == leaf.shape
+        and value.device == leaf.device
+        and 0 not in leaf.stride()
+    )
+
+
+def _checked(
+    op: str, path: tuple[str, ...], leaf: torch.Tensor, value: Any, exact_shape: bool = False, fill: bool = False
+) -> Any:
+    """``value`` when it can be written into ``leaf`` without changing it, else WriteError / TypeError."""
+    if isinstance(value, torch.Tensor) and _fits(leaf, value):
+        return value
+    where = f"{op}: {display(path)!r}"
+    if isinstance(value, torch.Tensor):
+        if not torch.can_cast(value.dtype, leaf.dtype):
+            raise WriteError(
+                f"{where} holds {leaf.dtype} and the value is {value.dtype}, which does not cast to it "
+                f"without truncation; in-place writes never change a dtype: convert the value with "
+                f".to({leaf.dtype}) first"
+            )
+        if value.device != leaf.device:
+            raise WriteError(
+                f"{where} is on {leaf.device} and the value is on {value.device}; in-place writes never "
+                f"change a device: move the value with .to({str(leaf.device)!r}) first"
+            )
+        if value.shape != leaf.shape:
+            if exact_shape:
+                raise WriteError(
+                    f"{where} has shape {tuple(leaf.shape)} and the value has shape {tuple(value.shape)}; "
+                    "copy_ needs equal shapes (update_ broadcasts)"
+                )
+            if not _broadcasts(value.shape, leaf.shape):
+                raise WriteError(
+                    f"{where} has shape {tuple(leaf.shape)} and the value's shape {tuple(value.shape)} "
+                    "does not broadcast to it; in-place writes never change a shape: use set() on an "
+                    "unlocked node for a new shape"
+                )
+        if not fill and 0 in leaf.stride() and _overlapping(leaf):
+            raise WriteError(
+                f"{where} is an expanded tensor (stride 0 in shape {tuple(leaf.shape)}): several of its "
+                "elements share one memory cell, so it cannot be written element by element; clone() it first"
+            )
+        return value
+    kind = _SCALAR_KIND.get(type(value))
+    if kind is None:
+        raise TypeError(f"{where}: a value is a tensor or a Python number, got {type(value).__name__}")
+    if kind > _dtype_kind(leaf.dtype):
+        raise WriteError(
+            f"{where} holds {leaf.dtype} and the value {value!r} is a {type(value).__name__}; in-place "
+            "writes never change a dtype and do not truncate: give a value of the leaf's kind"
+        )
+    return value
+
+
+@torch._dynamo.nonstrict_trace
+def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
+    """For each of ``values``: whether it uses a storage one of ``targets`` uses."""
+    # nonstrict_trace: under torch.compile this runs on the fake tensors at
+    # trace time (they keep their storages' identity), as the tag rule does.
+    known = {key for key in map(storage_key, targets) if key is not None}
+    return tuple(key is not None and key in known for key in map(storage_key, values))
+
+
+def _write(pairs: list[tuple[torch.Tensor, Any]]) -> None:
+    """Write every (leaf, value) pair, reading all values before the first write."""
+    dst = [leaf for leaf, value in pairs if isinstance(value, torch.Tensor)]
+    src = [value for _, value in pairs if isinstance(value, torch.Tensor)]
+    if dst:
+        # a value whose storage is also written is copied first
+        flags = _aliased(src, [leaf for leaf, _ in pairs])
+        src = [v.clone() if aliased else v for v, aliased in zip(src, flags)]
+        torch._foreach_copy_(dst, src)
+    for leaf, value in pairs:
+        if not isinstance(value, torch.Tensor):
+            leaf.fill_(value)
+
+
+def _update_pairs(
+    node: Node, source: Mapping[str, Any], prefix: tuple[str, ...], out: list[tuple[torch.Tensor, Any]]
+) -> None:
+    for k, v in source.items():
+        current = node._data.get(k, MISSING)
+        if isinstance(v, torch.Tensor) and isinstance(current, torch.Tensor) and _fits(current, v):
+            out.append((current, v))
+            continue
+        path = (*prefix, k)
+        if current is MISSING:
+            raise KeyNotFoundError(display(path), [display((*prefix, j)) for j in node._data])
+        if isinstance(current, Node):
+            if isinstance(v, Node):
+                _update_pairs(current, v._data, path, out)
+            elif isinstance(v, Mapping):
+                _update_pairs(current, nest(v), path, out)
+            else:
+                raise WriteError(
+                    f"update_: {display(path)!r} is a node; give it a mapping or a node, not a {type(v).__name__}"
+                )
+        elif isinstance(v, (Node, Mapping)):
+            raise WriteError(
+                f"update_: {display(path)!r} is a tensor and the value is a {type(v).__name__}; in-place "
+                "writes never change the structure: use update() on an unlocked node"
+            )
+        else:
+            out.append((current, _checked("update_", path, current, v)))
+
+
+def update_(node: Node, other: Mapping[Any, Any] | Node) -> Node:
+    """Write the values of ``other`` into the leaves at their keys; returns ``node`` itself.
+
+    Every key of ``other`` must exist (nested mappings and nodes address
+    sub-nodes); values broadcast to the leaf's shape. Works on Locked nodes.
+
+    Raises:
+        KeyNotFoundError: a key of ``other`` is not in the node.
+        WriteError: a value's dtype, device or shape does not fit its leaf.
+
+    Example:
+        >>> import torch, tdtree as tt
+        >>> td = tt.TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]).lock()
+        >>> td.update_({"x": torch.ones(3)})["x"].sum().item()
+        6.0
+    """
+    source = other._data if isinstance(other, Node) else nest(other)
+    pairs: list[tuple[torch.Tensor, Any]] = []
+    _update_pairs(node, source, (), pairs)
+    _write(pairs)
+    return node
+
+
+def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], out: list[tuple[torch.Tensor, Any]]) -> None:
+    if node._meta[0] != other._meta[0]:
+        raise KeyMismatchError(
+            "copy_" if not prefix else f"copy_ at {display(prefix)!r}",
+            [display((*prefix, k)) for k in node._meta[0]],
+            [display((*prefix, k)) for k in other._meta[0]],
+        )
+    for k, leaf in node._data.items():
+        path = (*prefix, k)
+        value = other._data[k]
+        if isinstance(leaf, Node) and isinstance(value, Node):
+            _copy_pairs(leaf, value, path, out)
+        elif isinstance(leaf, Node) or isinstance(value, Node):
+            kinds = ("a node", "a tensor") if isinstance(leaf, Node) else ("a tensor", "a node")
+            raise WriteError(f"copy_: {display(path)!r} is {kinds[0]} here and {kinds[1]} in the source")
+        else:
+            out.append((leaf, _checked("copy_", path, leaf, value, exact_shape=True)))
+
+
+def copy_(node: Node, other: Node) -> Node:
+    """Write every leaf of ``other`` into the leaf at the same key; returns ``node`` itself.
+
+    ``other`` must have the same keys (at every level) and leaves of the same
+    shapes, dtypes and devices. Works on Locked nodes.
+
+    Raises:
+        KeyMismatchError: the key sets differ (the message lists the differences).
+        WriteError: a leaf's shape, dtype or device differs.
+    """
+    if not isinstance(other, Node):
+        raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
+    pairs: list[tuple[torch.Tensor, Any]] = []
+    _copy_pairs(node, other, (), pairs)
+    _write(pairs)
+    return node
+
+
+def zero_(node: Node) -> Node:
+    """Set every leaf to zero in place; returns ``node`` itself. Works on Locked nodes."""
+    leaves = optree.tree_leaves(node, namespace=NAMESPACE)
+    if leaves:
+        torch._foreach_zero_(leaves)
+    return node
+
+
+def fill_(node: Node, key: NestedKey, value: Any) -> Node:
+    """Fill the leaf at ``key`` (every leaf below it, for a sub-node) with ``value``; returns ``node``.
+
+    ``value`` is a Python number or a 0-dim tensor of the leaf's dtype and
+    device. Works on Locked nodes.
+
+    Raises:
+        KeyNotFoundError: ``key`` is not in the node.
+        WriteError: ``value`` does not fit a leaf's dtype or device, or is not 0-dim.
+    """
+    path = as_path(key)
+    target = get(node, path)
+    if isinstance(value, torch.Tensor) and value.dim() != 0:
+        raise WriteError(
+            f"fill_: {display(path)!r}: the value has shape {tuple(value.shape)}; fill_ takes a number or a "
+            "0-dim tensor (use update_ to write a tensor)"
+        )
+    if isinstance(target, Node):
+        named = [((*path, *as_path(k)), t) for k, t in walk(target, True, True)]
+    else:
+        named = [(path, target)]
+    checked = [(leaf, _checked("fill_", p, leaf, value, fill=True)) for p, leaf in named]
+    for leaf, v in checked:
+        leaf.fill_(v)
+    return node

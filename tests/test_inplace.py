@@ -1,0 +1,312 @@
+"""The in-place writers: update_, copy_, zero_, fill_, and share_memory()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tdtree as tt
+from tdtree._tags import retag
+from tdtree.errors import KeyMismatchError, KeyNotFoundError, WriteError
+from tdtree.testing import assert_equal
+
+
+def _node() -> tt.TensorDict:
+    return tt.TensorDict(
+        {
+            "x": torch.arange(6.0).reshape(2, 3),
+            "i": torch.tensor([1, 2]),
+            "n": {"y": torch.zeros(2, 1), "m": torch.tensor([True, False])},
+        },
+        batch_size=[2],
+    )
+
+
+def _snapshot(td: tt.TensorDict) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+    return [(t, t._version, t.clone()) for _, t in td.items(include_nested=True, leaves_only=True)]
+
+
+def _assert_untouched(snap: list[tuple[torch.Tensor, int, torch.Tensor]]) -> None:
+    for t, version, values in snap:
+        assert t._version == version
+        assert torch.equal(t, values)
+
+
+# -- update_ -------------------------------------------------------------------------
+
+
+def test_update_writes_into_the_existing_storage_and_returns_the_node() -> None:
+    td = _node()
+    x, ptr = td["x"], td["x"].data_ptr()
+    out = td.update_({"x": torch.ones(2, 3), ("n", "y"): torch.full((2, 1), 4.0)})
+    assert out is td
+    assert td["x"] is x and td["x"].data_ptr() == ptr
+    assert torch.equal(x, torch.ones(2, 3))
+    assert torch.equal(td["n", "y"], torch.full((2, 1), 4.0))
+    assert torch.equal(td["i"], torch.tensor([1, 2]))
+
+
+def test_update_broadcasts_values() -> None:
+    td = _node().update_({"x": torch.tensor([1.0, 2.0, 3.0]), "i": 7})
+    assert torch.equal(td["x"], torch.tensor([[1.0, 2.0, 3.0]] * 2))
+    assert torch.equal(td["i"], torch.tensor([7, 7]))
+
+
+def test_update_nested_mapping_and_node_sources() -> None:
+    td = _node()
+    td.update_({"n": {"y": torch.ones(2, 1)}})
+    assert torch.equal(td["n", "y"], torch.ones(2, 1))
+    source = tt.TensorDict({"n": {"m": torch.tensor([False, True])}}, batch_size=[2])
+    td.update_(source)
+    assert torch.equal(td["n", "m"], torch.tensor([False, True]))
+
+
+def test_update_works_on_locked_and_shared_nodes() -> None:
+    td = _node().lock()
+    assert td.update_({"i": torch.tensor([5, 6])}) is td
+    assert torch.equal(td["i"], torch.tensor([5, 6]))
+    shared = _node().share_memory()
+    assert shared.update_({"i": torch.tensor([8, 9])}) is shared
+    assert torch.equal(shared["i"], torch.tensor([8, 9]))
+    assert type(shared) is tt.TensorDict[tt.Locked, tt.Shared]
+
+
+def test_update_reads_all_values_before_writing() -> None:
+    td = tt.TensorDict({"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 4.0])}, batch_size=[2])
+    td.update_({"a": td["b"], "b": td["a"]})
+    assert torch.equal(td["a"], torch.tensor([3.0, 4.0]))
+    assert torch.equal(td["b"], torch.tensor([1.0, 2.0]))
+    td.update_({"a": td["a"].flip(0)})
+    assert torch.equal(td["a"], torch.tensor([4.0, 3.0]))
+
+
+def test_update_partial_overlap_of_a_leaf_with_itself() -> None:
+    base = torch.arange(4.0)
+    td = tt.TensorDict({"a": base[1:], "b": base[:3]}, batch_size=[3])
+    td.update_({"a": td["b"]})
+    assert torch.equal(base, torch.tensor([0.0, 0.0, 1.0, 2.0]))
+
+
+def test_update_missing_key_raises_before_writing() -> None:
+    td = _node()
+    snap = _snapshot(td)
+    with pytest.raises(KeyNotFoundError, match=r"key \('n', 'z'\) not found.*\('n', 'm'\), \('n', 'y'\)"):
+        td.update_({"x": torch.ones(2, 3), ("n", "z"): torch.ones(2)})
+    _assert_untouched(snap)
+
+
+def test_update_wrong_dtype_raises_before_writing() -> None:
+    td = _node()
+    snap = _snapshot(td)
+    with pytest.raises(WriteError, match=r"update_: 'i' holds torch.int64 and the value is torch.float32, which does not cast.*\.to\("):
+        td.update_({"x": torch.ones(2, 3), "i": torch.ones(2)})
+    _assert_untouched(snap)
+
+
+def test_update_wrong_shape_raises_before_writing() -> None:
+    td = _node()
+    snap = _snapshot(td)
+    with pytest.raises(WriteError, match=r"update_: \('n', 'y'\) has shape \(2, 1\) and the value's shape \(3,\)"):
+        td.update_({"x": torch.ones(2, 3), "n": {"y": torch.ones(3)}})
+    _assert_untouched(snap)
+
+
+def test_update_value_that_would_grow_the_leaf_is_refused() -> None:
+    with pytest.raises(WriteError, match=r"'i' has shape \(2,\) and the value's shape \(3, 2\)"):
+        _node().update_({"i": torch.ones(3, 2, dtype=torch.int64)})
+
+
+def test_update_wrong_device_raises_on_meta() -> None:
+    with pytest.raises(WriteError, match=r"'x' is on cpu and the value is on meta.*\.to\('cpu'\)"):
+        _node().update_({"x": torch.ones(2, 3, device="meta")})
+
+
+def test_update_casts_only_without_truncation() -> None:
+    td = _node()
+    td.update_({"x": torch.full((2, 3), 0.5, dtype=torch.float64), "i": torch.tensor([True, False])})
+    assert td["x"].dtype == torch.float32 and torch.equal(td["x"], torch.full((2, 3), 0.5))
+    assert torch.equal(td["i"], torch.tensor([1, 0]))
+    with pytest.raises(WriteError, match=r"\('n', 'm'\) holds torch.bool and the value is torch.int64"):
+        td.update_({("n", "m"): torch.tensor([1, 0])})
+
+
+def test_update_scalar_kinds() -> None:
+    td = _node()
+    td.update_({"x": 2, "i": True})
+    assert torch.equal(td["x"], torch.full((2, 3), 2.0))
+    with pytest.raises(WriteError, match=r"'i' holds torch.int64 and the value 1.5 is a float.*do not truncate"):
+        td.update_({"i": 1.5})
+    with pytest.raises(WriteError, match=r"\('n', 'm'\) holds torch.bool and the value 1 is a int"):
+        td.update_({("n", "m"): 1})
+    with pytest.raises(TypeError, match=r"update_: 'x': a value is a tensor or a Python number, got str"):
+        td.update_({"x": "one"})
+
+
+def test_update_structure_changes_are_refused() -> None:
+    td = _node()
+    with pytest.raises(WriteError, match=r"update_: 'n' is a node; give it a mapping or a node, not a Tensor"):
+        td.update_({"n": torch.ones(2)})
+    with pytest.raises(WriteError, match=r"update_: 'x' is a tensor and the value is a dict.*update\(\)"):
+        td.update_({"x": {"a": torch.ones(2)}})
+
+
+def test_update_into_an_expanded_leaf_is_refused_before_writing() -> None:
+    td = tt.TensorDict({"a": torch.zeros(2), "e": torch.zeros(3).expand(2, 3)}, batch_size=[2])
+    snap = _snapshot(td)
+    with pytest.raises(WriteError, match=r"'e' is an expanded tensor \(stride 0 in shape \(2, 3\)\)"):
+        td.update_({"a": torch.ones(2), "e": torch.ones(2, 3)})
+    _assert_untouched(snap)
+
+
+# -- copy_ ---------------------------------------------------------------------------
+
+
+def test_copy_writes_every_leaf() -> None:
+    td = _node().lock()
+    src = _node().update_({"x": torch.full((2, 3), 5.0), "i": torch.tensor([3, 4])})
+    leaves = [t for _, t in td.items(include_nested=True, leaves_only=True)]
+    assert td.copy_(src) is td
+    assert_equal(td.unlock(), src)
+    assert leaves == [t for _, t in td.items(include_nested=True, leaves_only=True)]
+
+
+def test_copy_key_mismatch_raises_before_writing() -> None:
+    td = _node()
+    snap = _snapshot(td)
+    with pytest.raises(KeyMismatchError, match=r"copy_ at 'n': .*only in the first: \[\"\('n', 'y'\)\"\], only in the second: none"):
+        td.copy_(_node().exclude(("n", "y")))
+    with pytest.raises(KeyMismatchError, match=r"copy_: .*only in the first: none, only in the second: \[\"'z'\"\]"):
+        td.copy_(_node().set("z", torch.ones(2)))
+    _assert_untouched(snap)
+
+
+def test_copy_needs_equal_shapes() -> None:
+    td = _node()
+    src = _node().set("x", torch.ones(2, 1))
+    with pytest.raises(WriteError, match=r"copy_: 'x' has shape \(2, 3\) and the value has shape \(2, 1\)"):
+        td.copy_(src)
+
+
+def test_copy_dtype_and_kind_mismatch() -> None:
+    with pytest.raises(WriteError, match=r"copy_: 'i' holds torch.int64 and the value is torch.float32"):
+        _node().copy_(_node().set("i", torch.ones(2)))
+    with pytest.raises(WriteError, match=r"copy_: 'n' is a node here and a tensor in the source"):
+        _node().copy_(_node().exclude("n").set("n", torch.ones(2)))
+    with pytest.raises(WriteError, match=r"copy_: 'x' is a tensor here and a node in the source"):
+        _node().copy_(_node().exclude("x").set("x", {"q": torch.ones(2)}))
+    with pytest.raises(TypeError, match=r"copy_ takes a node, got dict; use update_ for a mapping"):
+        _node().copy_({"x": torch.ones(2, 3)})
+
+
+# -- zero_ and fill_ -------------------------------------------------------------------
+
+
+def test_zero_sets_every_leaf_in_place() -> None:
+    td = _node().share_memory()
+    leaves = [t for _, t in td.items(include_nested=True, leaves_only=True)]
+    assert td.zero_() is td
+    for t in leaves:
+        assert not t.any()
+    empty = tt.TensorDict({}, batch_size=[3])
+    assert empty.zero_() is empty
+
+
+def test_fill_a_leaf_and_a_sub_node() -> None:
+    td = _node().lock()
+    assert td.fill_("x", 1.5) is td
+    assert torch.equal(td["x"], torch.full((2, 3), 1.5))
+    td.fill_("n", True)
+    assert torch.equal(td["n", "y"], torch.ones(2, 1))
+    assert torch.equal(td["n", "m"], torch.tensor([True, True]))
+    td.fill_(("i",), torch.tensor(4))
+    assert torch.equal(td["i"], torch.tensor([4, 4]))
+
+
+def test_fill_errors_raise_before_writing() -> None:
+    td = _node()
+    snap = _snapshot(td)
+    with pytest.raises(KeyNotFoundError, match=r"key 'q' not found"):
+        td.fill_("q", 1)
+    with pytest.raises(WriteError, match=r"fill_: \('n', 'm'\) holds torch.bool and the value 2.0 is a float"):
+        td.fill_("n", 2.0)
+    with pytest.raises(WriteError, match=r"fill_: 'x': the value has shape \(3,\); fill_ takes a number or a 0-dim"):
+        td.fill_("x", torch.ones(3))
+    with pytest.raises(WriteError, match=r"fill_: 'i' holds torch.int64 and the value is torch.float32"):
+        td.fill_("i", torch.tensor(1.0))
+    _assert_untouched(snap)
+
+
+# -- share_memory ----------------------------------------------------------------------
+
+
+def test_share_memory_copies_into_shared_memory_and_tags() -> None:
+    td = _node()
+    snap = _snapshot(td)
+    shared = td.share_memory()
+    _assert_untouched(snap)
+    assert type(shared) is tt.TensorDict[tt.Shared, tt.Locked]
+    assert type(shared["n"]) is tt.TensorDict[tt.Shared, tt.Locked]
+    assert shared.is_shared and shared.is_locked and not shared.is_memmap
+    for (_, a), (_, b) in zip(
+        td.items(include_nested=True, leaves_only=True), shared.items(include_nested=True, leaves_only=True)
+    ):
+        assert b.is_shared() and not a.is_shared()
+        assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert_equal(shared, td.share_memory(), check_tags=True)
+    assert_equal(shared, td, check_tags=False)
+    assert type(td) is tt.TensorDict
+
+
+def test_share_memory_of_a_shared_node_copies_again() -> None:
+    shared = _node().share_memory()
+    again = shared.share_memory()
+    assert again["x"].data_ptr() != shared["x"].data_ptr()
+    assert type(again) is type(shared)
+
+
+def test_share_memory_of_a_memmap_tagged_node_gives_shared_locked() -> None:
+    # A Memmap-tagged node made by retag stands in for memmap(), which lives elsewhere.
+    memmapped = retag(_node(), frozenset({tt.Memmap, tt.Locked}))
+    assert isinstance(memmapped, tt.TensorDict[tt.Memmap])
+    shared = memmapped.share_memory()
+    assert type(shared) is tt.TensorDict[tt.Shared, tt.Locked]
+
+
+def test_share_memory_zero_size_and_noncontiguous_leaves() -> None:
+    td = tt.TensorDict(
+        {"e": torch.zeros(3, 0), "t": torch.arange(6.0).reshape(2, 3).t()}, batch_size=[3]
+    )
+    shared = td.share_memory()
+    assert shared["e"].shape == (3, 0)
+    assert shared["t"].is_shared()
+    assert torch.equal(shared["t"], td["t"])
+    assert type(shared) is tt.TensorDict[tt.Shared, tt.Locked]
+
+
+# -- under torch.compile ------------------------------------------------------------------
+
+
+def _writes(td: tt.TensorDict, other: tt.TensorDict, x: torch.Tensor) -> torch.Tensor:
+    td.update_({"a": td["b"], "b": td["a"]})  # a swap: the aliasing check must hold when traced
+    td.fill_("c", 2.0)
+    td.update_({"c": x + td["c"]})
+    other.copy_(td)
+    other.zero_()
+    return td["a"] + td["b"] + td["c"].sum()
+
+
+def test_writers_trace_without_graph_breaks() -> None:
+    def fresh() -> tuple[tt.TensorDict, tt.TensorDict]:
+        td = tt.TensorDict(
+            {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 4.0]), "c": torch.zeros(2, 2)}, batch_size=[2]
+        ).share_memory()
+        return td, td.clone().lock()
+
+    eager_td, eager_other = fresh()
+    expected = _writes(eager_td, eager_other, torch.ones(2))
+    td, other = fresh()
+    got = torch.compile(_writes, fullgraph=True, backend="eager")(td, other, torch.ones(2))
+    torch.testing.assert_close(got, expected)
+    assert_equal(td, eager_td)
+    assert_equal(other, eager_other)
+    assert torch.equal(td["a"], torch.tensor([3.0, 4.0])) and torch.equal(td["b"], torch.tensor([1.0, 2.0]))

@@ -1,0 +1,306 @@
+"""Tags as types and the one propagation rule, on nodes from share_memory() and lock()."""
+
+from __future__ import annotations
+
+import pickle
+
+import optree
+import pytest
+import torch
+import torch.utils._pytree as torch_pytree
+import torch.multiprocessing  # noqa: F401  (registers the tensor reductions with ForkingPickler)
+from multiprocessing.reduction import ForkingPickler
+
+import tdtree as tt
+from tdtree._tags import retag, tag_rule
+from tdtree.errors import LockedError
+from tdtree.testing import assert_equal
+
+SL = frozenset({tt.Shared, tt.Locked})
+
+
+def _plain() -> tt.TensorDict:
+    return tt.TensorDict(
+        {"a": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2), "n": {"c": torch.zeros(2, 1)}},
+        batch_size=[2],
+    )
+
+
+def _shared() -> tt.TensorDict:
+    return _plain().share_memory()
+
+
+def _all_tags(td: tt.TensorDict) -> set[frozenset]:
+    """The tag sets of the node and every sub-node."""
+    found = {td.tags}
+    for _, v in td.items(include_nested=True):
+        if isinstance(v, tt.TensorDict):
+            found.add(v.tags)
+    return found
+
+
+def _ptrs(td: tt.TensorDict) -> set[int]:
+    return {t.untyped_storage().data_ptr() for _, t in td.items(include_nested=True, leaves_only=True)}
+
+
+@tag_rule
+def _first(a: tt.TensorDict, b: tt.TensorDict) -> tt.TensorDict:
+    """A two-input op that returns its first input's leaves (a fresh node over them)."""
+    return a.clone(recurse=False)
+
+
+# -- tags as types -------------------------------------------------------------------
+
+
+def test_tagged_types_are_cached_and_order_free() -> None:
+    assert tt.TensorDict[tt.Locked, tt.Shared] is tt.TensorDict[tt.Shared, tt.Locked]
+    assert tt.TensorDict[tt.Shared] is tt.TensorDict[(tt.Shared,)]
+    assert tt.TensorDict[tt.Shared] is not tt.TensorDict[tt.Locked]
+    assert tt.TensorDict[tt.Locked, tt.Shared].__name__ == "TensorDict[Locked, Shared]"
+
+
+def test_isinstance_means_at_least_these_tags() -> None:
+    td = _shared()
+    assert type(td) is tt.TensorDict[tt.Shared, tt.Locked]
+    for cls in (tt.TensorDict, tt.TensorDict[tt.Shared], tt.TensorDict[tt.Locked], tt.TensorDict[tt.Locked, tt.Shared]):
+        assert isinstance(td, cls)
+    assert not isinstance(td, tt.TensorDict[tt.Memmap])
+    assert not isinstance(td, tt.TensorDict[tt.Shared, tt.Memmap])
+    plain = _plain()
+    assert type(plain) is tt.TensorDict
+    assert not isinstance(plain, tt.TensorDict[tt.Shared])
+    locked = plain.lock()
+    assert isinstance(locked, tt.TensorDict[tt.Locked]) and not isinstance(locked, tt.TensorDict[tt.Shared])
+
+
+def test_tag_arguments_are_checked() -> None:
+    with pytest.raises(TypeError, match=r"TensorDict\[\.\.\.\] takes tags \(Locked, Shared, Memmap\), got 'Shared'"):
+        tt.TensorDict["Shared"]
+
+
+def test_tags_properties() -> None:
+    td = _shared()
+    assert td.tags == SL
+    assert td.is_shared and td.is_locked and not td.is_memmap
+    assert _plain().tags == frozenset()
+
+
+def test_different_tags_different_structures() -> None:
+    plain, locked, shared = _plain(), _plain().lock(), _shared()
+    optree_structs = [optree.tree_structure(t, namespace="tdtree") for t in (plain, locked, shared)]
+    torch_structs = [torch_pytree.tree_structure(t) for t in (plain, locked, shared)]
+    for structs in (optree_structs, torch_structs):
+        assert structs[0] != structs[1] and structs[1] != structs[2] and structs[0] != structs[2]
+    assert optree.tree_structure(shared, namespace="tdtree") == optree.tree_structure(_shared(), namespace="tdtree")
+    leaves, spec = torch_pytree.tree_flatten(shared)
+    assert type(torch_pytree.tree_unflatten(leaves, spec)) is type(shared)
+
+
+def test_unflatten_rebuilds_the_tagged_type() -> None:
+    shared = _shared()
+    leaves, spec = optree.tree_flatten(shared, namespace="tdtree")
+    again = optree.tree_unflatten(spec, leaves)
+    assert type(again) is type(shared) and type(again["n"]) is type(shared["n"])
+    assert_equal(again, shared)
+
+
+# -- pickling ------------------------------------------------------------------------------
+
+
+def test_plain_pickle_keeps_tags_and_re_shares() -> None:
+    shared = _shared()
+    again = pickle.loads(pickle.dumps(shared))
+    assert type(again) is type(shared) and type(again["n"]) is type(shared["n"])
+    assert all(t.is_shared() for _, t in again.items(include_nested=True, leaves_only=True))
+    assert _ptrs(again).isdisjoint(_ptrs(shared))
+    assert_equal(again, shared)
+    locked = pickle.loads(pickle.dumps(_plain().lock()))
+    assert type(locked) is tt.TensorDict[tt.Locked]
+    assert not locked["a"].is_shared()
+    assert type(pickle.loads(pickle.dumps(_plain()))) is tt.TensorDict
+
+
+def test_multiprocessing_pickle_keeps_tags_and_storages() -> None:
+    shared = _shared()
+    again = pickle.loads(ForkingPickler.dumps(shared))
+    assert type(again) is type(shared) and type(again["n"]) is type(shared["n"])
+    assert _ptrs(again) == _ptrs(shared)
+    again.fill_("b", 5.0)
+    assert torch.equal(shared["b"], torch.full((2,), 5.0))
+
+
+# -- the rule --------------------------------------------------------------------------------
+
+
+def test_sub_nodes_carry_the_root_tags() -> None:
+    td = _shared()
+    assert _all_tags(td) == {SL}
+    assert type(td["n"]) is tt.TensorDict[tt.Shared, tt.Locked]
+    assert _all_tags(_plain().lock()) == {frozenset({tt.Locked})}
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(lambda td: td.select("a", ("n", "c")), id="select"),
+        pytest.param(lambda td: td.exclude("b"), id="exclude"),
+        pytest.param(lambda td: td.flatten_keys(), id="flatten_keys"),
+        pytest.param(lambda td: td.flatten_keys().unflatten_keys(), id="unflatten_keys"),
+        pytest.param(lambda td: td.clone(recurse=False), id="clone_shallow"),
+        pytest.param(lambda td: td["n"], id="sub_node"),
+    ],
+)
+def test_ops_that_reuse_storage_keep_the_tags(op) -> None:
+    td = _shared()
+    out = op(td)
+    assert _all_tags(out) == {SL}
+    assert _ptrs(out) <= _ptrs(td)
+
+
+def test_clone_drops_the_tags() -> None:
+    td = _shared()
+    out = td.clone()
+    assert _all_tags(out) == {frozenset()}
+    assert type(out) is tt.TensorDict
+    assert _ptrs(out).isdisjoint(_ptrs(td))
+
+
+def test_a_result_without_data_keeps_the_common_tags() -> None:
+    td = _shared()
+    assert type(td.select()) is type(td)
+    assert type(td.exclude("a", "b", "n")) is type(td)
+    empty = tt.TensorDict({"e": torch.zeros(2, 0), "n": {"f": torch.zeros(2, 0, 3)}}, batch_size=[2]).share_memory()
+    assert _all_tags(empty.clone()) == {SL}  # new tensors, but no byte of data: nothing contradicts the claim
+
+
+def test_zero_byte_storages_never_decide() -> None:
+    td = tt.TensorDict({"a": torch.ones(2), "e": torch.zeros(2, 0)}, batch_size=[2]).share_memory().unlock()
+    kept = td.set("z", torch.zeros(2, 0))  # a new, unshared, zero-byte storage
+    assert type(kept) is tt.TensorDict[tt.Shared]
+    assert not kept["z"].is_shared()
+    dropped = td.set("z", torch.zeros(2, 1))
+    assert type(dropped) is tt.TensorDict
+
+
+def test_multi_input_ops_keep_only_common_tags() -> None:
+    shared = _shared()
+    locked_shared_copy = shared.clone(recurse=False)
+    assert type(_first(shared, locked_shared_copy)) is type(shared)
+    only_shared = shared.unlock()
+    assert type(_first(shared, only_shared)) is tt.TensorDict[tt.Shared]
+    assert type(_first(only_shared, _plain().lock())) is tt.TensorDict
+    assert type(_first(_plain(), shared)) is tt.TensorDict  # common tags of untagged and tagged: none
+    assert type(_first([shared][0], shared.select("a"))) is type(shared)
+
+
+def test_multi_input_fresh_storage_drops_even_common_tags() -> None:
+    @tag_rule
+    def fresh(a: tt.TensorDict, b: tt.TensorDict) -> tt.TensorDict:
+        return a.clone()
+
+    assert type(fresh(_shared(), _shared())) is tt.TensorDict
+
+
+def test_storage_of_any_input_counts() -> None:
+    a, b = _shared(), _shared()
+
+    @tag_rule
+    def mix(x: tt.TensorDict, y: tt.TensorDict) -> tt.TensorDict:
+        return x.unlock().set("b", y["b"]).lock()
+
+    out = mix(a, b)
+    assert type(out) is type(a)
+    assert out["b"] is b["b"]
+
+
+def test_list_results_are_decided_one_by_one() -> None:
+    @tag_rule
+    def parts(x: tt.TensorDict) -> list[tt.TensorDict]:
+        return [x.select("a"), x.clone()]
+
+    kept, dropped = parts(_shared())
+    assert type(kept) is tt.TensorDict[tt.Locked, tt.Shared]
+    assert type(dropped) is tt.TensorDict
+
+
+# -- Locked ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "op, name",
+    [
+        (lambda td: td.set("z", torch.ones(2)), "set"),
+        (lambda td: td.update({"b": torch.zeros(2)}), "update"),
+        (lambda td: td.rename({"b": "q"}), "rename"),
+        (lambda td: td.setdefault("z", torch.ones(2)), "setdefault"),
+    ],
+)
+def test_functional_editors_refuse_locked_nodes(op, name: str) -> None:
+    for td in (_shared(), _plain().lock()):
+        with pytest.raises(
+            LockedError, match=rf"^{name}\(\) on a locked node.*update_\(\), copy_\(\) or at\[idx\]\.set_\(\).*unlock\(\)"
+        ):
+            op(td)
+
+
+def test_locked_error_is_a_runtime_error() -> None:
+    assert issubclass(LockedError, RuntimeError)
+
+
+def test_lock_and_unlock() -> None:
+    td = _shared()
+    unlocked = td.unlock()
+    assert _all_tags(unlocked) == {frozenset({tt.Shared})}
+    assert _ptrs(unlocked) == _ptrs(td)
+    assert type(unlocked.lock()) is type(td)
+    assert td.lock() is td  # already carries the tags everywhere
+    assert _plain().unlock().tags == frozenset()
+
+
+def test_unlocked_shared_set_new_storage_drops_tags() -> None:
+    td = _shared().unlock()
+    out = td.set("z", torch.ones(2))
+    assert type(out) is tt.TensorDict and _all_tags(out) == {frozenset()}
+    assert type(td) is tt.TensorDict[tt.Shared]
+
+
+def test_unlocked_shared_set_same_storage_keeps_tags() -> None:
+    td = _shared().unlock()
+    out = td.set("z", td["a"])
+    assert type(out) is tt.TensorDict[tt.Shared]
+    assert _all_tags(out) == {frozenset({tt.Shared})}
+    nested = td.set(("n", "d"), td["a"][:, 0:1])
+    assert _all_tags(nested) == {frozenset({tt.Shared})}
+
+
+def test_constructor_makes_untagged_nodes() -> None:
+    shared = _shared()
+    outer = tt.TensorDict({"inner": shared}, batch_size=[2])
+    assert _all_tags(outer) == {frozenset()}
+    assert tt.TensorDict(shared, batch_size=[2]).tags == frozenset()
+
+
+def test_retag_reuses_leaves_and_returns_uniform_nodes() -> None:
+    td = _plain()
+    tagged = retag(td, SL)
+    assert _all_tags(tagged) == {SL}
+    assert _ptrs(tagged) == _ptrs(td)
+    assert retag(tagged, SL) is tagged
+
+
+def test_editors_on_an_unlocked_shared_node_follow_the_rule() -> None:
+    td = _shared().unlock()
+    renamed = td.rename({"a": "q", ("n", "c"): ("n", "d")})
+    assert type(renamed) is tt.TensorDict[tt.Shared] and list(renamed.keys()) == ["b", "n", "q"]
+    assert renamed["q"] is td["a"]
+    assert td.setdefault("a", torch.ones(2)) is td
+    assert type(td.setdefault("z", torch.ones(2))) is tt.TensorDict
+    assert type(td.setdefault("z", torch.zeros(2, 0))) is tt.TensorDict[tt.Shared]
+    assert type(td.update({"n": {"c": td["a"][:, :1]}})) is tt.TensorDict[tt.Shared]
+    assert type(td.update({"n": {"c": torch.ones(2, 1)}})) is tt.TensorDict
+
+
+def test_lookups_through_a_tensor_with_a_default_do_not_raise() -> None:
+    td = _shared()
+    assert ("a", "x") not in td and ("n", "x") not in td and ("n", "c") in td
+    assert td.get(("a", "x"), None) is None
