@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml | $(PY)
 
 demo: $(STAMP)
 	$(PY) examples/tour.py
+	$(PY) examples/train_functional.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests property_tests bench --benchmark-disable
