@@ -154,6 +154,14 @@ def getitem(node: Node, index: Any) -> Node:
     return rebuild(node, lambda x: x[leaf_index], new)
 
 
+def _broadcasts(shape: torch.Size, target: torch.Size) -> bool:
+    """True when a value of ``shape`` broadcasts to exactly ``target``."""
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
+
+
 def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tensor], Any, tuple[Any, ...], list[Any]]:
     """Every check of a scatter, before anything is written: (leaves, treespec, leaf index, values).
 
@@ -173,11 +181,7 @@ def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tens
             raise KeyMismatchError(op, paths, given)
         values = [given[p] for p in paths]
     elif isinstance(value, torch.Tensor):
-        try:
-            fits = torch.broadcast_shapes(value.shape, new) == new
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if not _broadcasts(value.shape, new):
             raise BatchSizeError(
                 f"{op}: a tensor value of shape {tuple(value.shape)} is aligned with the batch dims and does not "
                 f"broadcast to td[idx].batch_size {tuple(new)}"
@@ -189,11 +193,7 @@ def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tens
         raise TypeError(f"{op}: the value must be a node, a tensor or a number, got {type(value).__name__}")
     for path, leaf, v in zip(paths, leaves, values):
         target = torch.Size((*new, *leaf.shape[n:]))
-        try:
-            fits = torch.broadcast_shapes(v.shape, target) == target
-        except RuntimeError:
-            fits = False
-        if not fits:
+        if not _broadcasts(v.shape, target):
             raise BatchSizeError(
                 f"{op}: the value at {path!r} has shape {tuple(v.shape)}, which does not broadcast to "
                 f"the indexed entry's shape {tuple(target)}"
