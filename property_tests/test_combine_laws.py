@@ -18,33 +18,9 @@ from tdtree import Locked, TensorDict
 from tdtree._tags import storage_key
 from tdtree.testing import assert_equal, batch_sizes, tensordicts
 
+from ._snapshot import assert_drops_tags, assert_shares_storage, assert_unchanged, snapshot
+
 nodes = tensordicts(extra_batch_dims=True, noncontiguous=True)
-
-
-def snapshot(td: TensorDict) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
-    return [(x, x._version, x.clone()) for x in tt.tree.leaves(td)]
-
-
-def assert_unchanged(td: TensorDict, before: list[tuple[torch.Tensor, int, torch.Tensor]]) -> None:
-    leaves = tt.tree.leaves(td)
-    assert len(leaves) == len(before)
-    for x, (y, version, values) in zip(leaves, before):
-        assert x is y
-        assert x._version == version
-        assert_equal(x, values)
-
-
-def holds_data(out: TensorDict) -> bool:
-    return any(storage_key(x) is not None for x in tt.tree.leaves(out))
-
-
-def assert_drops_tags(out: TensorDict) -> None:
-    assert out.tags == (frozenset() if holds_data(out) else frozenset({Locked}))
-
-
-def assert_shares_storage(out: TensorDict, td: TensorDict) -> None:
-    for x, y in zip(tt.tree.leaves(out), tt.tree.leaves(td), strict=True):
-        assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
 
 
 @given(st.data(), nodes, st.integers(1, 3))

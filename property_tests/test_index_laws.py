@@ -7,6 +7,8 @@ from hypothesis import strategies as st
 import tdtree as tt
 from tdtree.testing import batch_sizes, tensordicts
 
+from ._snapshot import assert_unchanged, snapshot
+
 NODES = tensordicts(batch_sizes(min_dims=1, max_dims=3), extra_batch_dims=True, noncontiguous=True)
 
 
@@ -69,17 +71,6 @@ def leaf_index(index, leaf, n):
 
 def storages(td):
     return {x.untyped_storage().data_ptr() for x in tt.tree.leaves(td) if x.untyped_storage().nbytes()}
-
-
-def snapshot(td):
-    return [(x, x._version, x.clone()) for x in tt.tree.leaves(td)]
-
-
-def assert_unchanged(td, snap):
-    leaves = tt.tree.leaves(td)
-    assert len(leaves) == len(snap)
-    for leaf, (obj, version, copy) in zip(leaves, snap):
-        assert leaf is obj and leaf._version == version and torch.equal(leaf, copy)
 
 
 def basic(index):

@@ -18,35 +18,14 @@ from hypothesis import strategies as st
 
 import tdtree as tt
 from tdtree import Locked, TensorDict
-from tdtree._tags import storage_key
 from tdtree.testing import assert_equal, batch_sizes, tensordicts
+
+from ._snapshot import assert_drops_tags, assert_unchanged, snapshot
 
 NUMERIC = (torch.float32, torch.int64)
 nodes = tensordicts(extra_batch_dims=True, noncontiguous=True)
 numeric_nodes = tensordicts(dtypes=NUMERIC, extra_batch_dims=True, noncontiguous=True)
 float_nodes = tensordicts(dtypes=(torch.float32,), extra_batch_dims=True, noncontiguous=True)
-
-
-def snapshot(td: TensorDict) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
-    return [(x, x._version, x.clone()) for x in tt.tree.leaves(td)]
-
-
-def assert_unchanged(td: TensorDict, before: list[tuple[torch.Tensor, int, torch.Tensor]]) -> None:
-    leaves = tt.tree.leaves(td)
-    assert len(leaves) == len(before)
-    for x, (y, version, values) in zip(leaves, before):
-        assert x is y
-        assert x._version == version
-        assert_equal(x, values)
-
-
-def holds_data(out: TensorDict) -> bool:
-    return any(storage_key(x) is not None for x in tt.tree.leaves(out))
-
-
-def assert_drops_tags(out: TensorDict) -> None:
-    """The rule for results built on new storage: Locked goes, unless no leaf holds data."""
-    assert out.tags == (frozenset() if holds_data(out) else frozenset({Locked}))
 
 
 def check(

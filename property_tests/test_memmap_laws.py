@@ -17,6 +17,8 @@ from tdtree._maps import map_leaves
 from tdtree._tags import retag
 from tdtree.testing import assert_equal, tensordicts
 
+from ._snapshot import assert_unchanged, snapshot
+
 MM = frozenset({Memmap, Locked})
 # tensordicts() draws integers from [-50, 50), which torch refuses for uint8: int16 leaves are
 # drawn in its place and cast (keeping their strides), until the strategy draws uint8 itself.
@@ -38,16 +40,6 @@ def leaves(node: TensorDict) -> list[torch.Tensor]:
 
 def sub_nodes(node: TensorDict) -> list[TensorDict]:
     return [node, *(v for v in node.values(include_nested=True) if isinstance(v, Node))]
-
-
-def snapshot(node: TensorDict) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
-    return [(leaf, leaf._version, leaf.clone()) for leaf in leaves(node)]
-
-
-def assert_unchanged(node: TensorDict, before: list[tuple[torch.Tensor, int, torch.Tensor]]) -> None:
-    for (leaf, version, copy), now in zip(before, leaves(node), strict=True):
-        assert now is leaf and now._version == version
-        assert torch.equal(now, copy)
 
 
 @given(NODES, st.booleans())

@@ -14,12 +14,10 @@ from tdtree.nn import TDModule
 from tdtree.optim import adam, adam_init, sgd
 from tdtree.testing import assert_close, tensordicts
 
+from ._snapshot import snapshot
+
 floats = tensordicts(batch_size=(), dtypes=(torch.float32,), noncontiguous=True)
 batched = tensordicts(dtypes=(torch.float32,), min_keys=1, noncontiguous=True)
-
-
-def snapshot(tree: Any) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
-    return [(t, t._version, t.clone()) for t in tt.tree.leaves(tree)]
 
 
 def unchanged(tree: Any, before: list[tuple[torch.Tensor, int, torch.Tensor]]) -> None:

@@ -9,21 +9,10 @@ from hypothesis import strategies as st
 import tdtree as tt
 from tdtree.testing import batch_sizes, tensordicts
 
+from ._snapshot import assert_unchanged, snapshot
+
 NODES = tensordicts(batch_sizes(min_dims=1, max_dims=3), extra_batch_dims=True, noncontiguous=True)
 CONTIGUOUS = tensordicts(batch_sizes(min_dims=1, max_dims=3), extra_batch_dims=True)
-
-
-def snapshot(td):
-    return [(leaf, leaf._version, leaf.clone()) for leaf in tt.tree.leaves(td)]
-
-
-def assert_unchanged(td, snap, batch):
-    assert td.batch_size == batch
-    leaves = tt.tree.leaves(td)
-    assert len(leaves) == len(snap)
-    for leaf, (obj, version, copy) in zip(leaves, snap):
-        assert leaf is obj and leaf._version == version
-        assert torch.equal(leaf, copy)
 
 
 def storages(td):
@@ -53,7 +42,8 @@ def check_all(td, op, batch_op, leaf_op, view=True):
     snap, batch = snapshot(td), td.batch_size
     out = op(td)
     check_leafwise(td, out, batch_op, leaf_op)
-    assert_unchanged(td, snap, batch)
+    assert_unchanged(td, snap)
+    assert td.batch_size == batch
     locked_out = op(td.lock())
     if view:
         assert shares(out, td)
@@ -150,7 +140,8 @@ def test_unbind_stack_identity(td, data):
     d = data.draw(st.integers(-td.ndim, td.ndim - 1))
     snap, batch = snapshot(td), td.batch_size
     pieces = td.unbind(d)
-    assert_unchanged(td, snap, batch)
+    assert_unchanged(td, snap)
+    assert td.batch_size == batch
     check_pieces(td, pieces, d % td.ndim, batch[d], torch.stack)
     for i, p in enumerate(pieces):
         assert p.batch_size == torch.empty(batch).select(d, i).shape
@@ -165,7 +156,8 @@ def test_split_cat_identity(td, data):
     size = data.draw(st.integers(1, 4)) if length else 1
     snap, batch = snapshot(td), td.batch_size
     pieces = td.split(size, d)
-    assert_unchanged(td, snap, batch)
+    assert_unchanged(td, snap)
+    assert td.batch_size == batch
     reference = torch.empty(batch).split(size, d)
     check_pieces(td, pieces, d % td.ndim, len(reference), torch.cat)
     assert [p.batch_size for p in pieces] == [r.shape for r in reference]
