@@ -23,6 +23,10 @@ from ._memmap import load_memmap as load_memmap
 from ._serialize import load as load
 from ._serialize import save as save
 
+# tensorclass (issue 7)
+
+# interop with tensordict and records (issue 10)
+
 # vmap
 from ._vmap import vmap as vmap
 
