@@ -16,6 +16,7 @@ __all__ = [
     "NotANodeKeyError",
     "OutKeysError",
     "SerializationError",
+    "StructureMismatchError",
     "WriteError",
 ]
 
@@ -109,3 +110,19 @@ class SerializationError(OSError):
 
 class OutKeysError(ValueError):
     """A module wrapped by ``tdtree.nn.TDModule`` returned a different number of outputs than it has out_keys."""
+
+
+class StructureMismatchError(ValueError):
+    """Processes exchanging nodes over ``tdtree.distributed`` hold nodes of different structures.
+
+    Raised on every side of the exchange, before any data moves: the message names the keys found
+    on one side only and the keys whose shape, dtype or batch size differ, with the ranks holding
+    each. ``differences`` holds those lines.
+    """
+
+    def __init__(self, op: str, differences: Iterable[str]) -> None:
+        self.differences = tuple(differences)
+        super().__init__(
+            f"{op}: the processes' nodes differ, so nothing was sent: " + "; ".join(self.differences)
+            + ". Every process must pass a node (or template) with the same keys, shapes and dtypes."
+        )
