@@ -123,6 +123,6 @@ class StructureMismatchError(ValueError):
     def __init__(self, op: str, differences: Iterable[str]) -> None:
         self.differences = tuple(differences)
         super().__init__(
-            f"{op}: the processes' nodes differ, so nothing was sent: " + "; ".join(self.differences)
+            f"{op}: the processes' nodes differ, so the transfer was refused: " + "; ".join(self.differences)
             + ". Every process must pass a node (or template) with the same keys, shapes and dtypes."
         )

@@ -46,7 +46,9 @@ def broadcast(td: Node, src: int, *, group: Any = None, consolidated: bool | Non
     check_group("broadcast", layout, mode, device, group, ref)
     mine = dist.get_rank() == src
     if mode:
-        buf = pack(layout, leaves, device) if mine else torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+        buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+        if mine:
+            pack(layout, leaves, buf)
         if layout.nbytes:
             dist.broadcast(buf, src, group=group)
         return unpack(layout, buf)
@@ -73,7 +75,7 @@ def all_reduce(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None, cons
     layout, leaves, mode, device = _plan(td, consolidated)
     check_group("all_reduce", layout, mode, device, group, 0)
     if mode:
-        buf = pack(layout, leaves, device)
+        buf = pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))
         for g in layout.groups:
             if g.nbytes:
                 dist.all_reduce(buf[g.start : g.start + g.nbytes].view(g.dtype), op, group=group)
@@ -105,7 +107,7 @@ def all_gather(td: Node, *, group: Any = None, consolidated: bool | None = None)
     check_group("all_gather", layout, mode, device, group, 0)
     world = dist.get_world_size(group)
     if mode:
-        buf = pack(layout, leaves, device)
+        buf = pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))
         gathered = torch.empty(world * layout.nbytes, dtype=torch.uint8, device=device)
         if layout.nbytes:
             dist.all_gather_single(gathered, buf, group=group)

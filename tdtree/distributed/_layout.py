@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optree
@@ -38,14 +38,22 @@ _CACHE_SIZE = 512
 
 
 @dataclass(frozen=True)
+class Run:
+    """Consecutive leaves of one group with the same shape: packed by one ``stack``, unpacked by one ``unbind``."""
+
+    shape: torch.Size
+    indices: tuple[int, ...]
+    numel: int
+
+
+@dataclass(frozen=True)
 class Group:
-    """The leaves of one dtype: where they start in the buffer and their element counts."""
+    """The leaves of one dtype: where they start in the buffer, and their runs of equal shapes."""
 
     dtype: torch.dtype
     start: int
     nbytes: int
-    indices: tuple[int, ...]
-    numels: tuple[int, ...]
+    runs: tuple[Run, ...]
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Layout:
     dtypes: tuple[torch.dtype, ...]
     groups: tuple[Group, ...]
     nbytes: int
+    headers: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False)  # see _protocol.header
 
 
 def _describe(node: Node) -> tuple[tuple[Any, ...], ...]:
@@ -87,9 +96,15 @@ def _groups(leaves: list[torch.Tensor]) -> tuple[tuple[Group, ...], int]:
         by_dtype.setdefault(leaf.dtype, []).append(i)
     groups, start = [], 0
     for dtype, indices in by_dtype.items():
-        numels = tuple(leaves[i].numel() for i in indices)
-        nbytes = sum(numels) * dtype.itemsize
-        groups.append(Group(dtype, start, nbytes, tuple(indices), numels))
+        runs: list[list[int]] = []
+        for i in indices:
+            if runs and leaves[runs[-1][-1]].shape == leaves[i].shape:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        made = tuple(Run(leaves[r[0]].shape, tuple(r), len(r) * leaves[r[0]].numel()) for r in runs)
+        nbytes = sum(r.numel for r in made) * dtype.itemsize
+        groups.append(Group(dtype, start, nbytes, made))
         start += -(-nbytes // _ALIGN) * _ALIGN
     return tuple(groups), start
 
@@ -126,13 +141,22 @@ def layout_of(node: Node) -> tuple[Layout, list[torch.Tensor]]:
     return layout, leaves
 
 
-def pack(layout: Layout, leaves: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """A new ``uint8`` buffer of ``layout.nbytes`` holding every leaf (one copy per group)."""
-    buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+def _parts(seg: torch.Tensor, group: Group, dim: int) -> Any:
+    if len(group.runs) == 1:
+        return (seg,)
+    return seg.split([r.numel for r in group.runs], dim)
+
+
+def pack(layout: Layout, leaves: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """``out`` (a ``uint8`` tensor of ``layout.nbytes``) after copying every leaf into it."""
     for g in layout.groups:
-        seg = buf[g.start : g.start + g.nbytes].view(g.dtype)
-        torch.cat([leaves[i].reshape(-1) for i in g.indices], out=seg)
-    return buf
+        seg = out[g.start : g.start + g.nbytes].view(g.dtype)
+        for run, part in zip(g.runs, _parts(seg, g, 0)):
+            if len(run.indices) == 1:
+                part.view(run.shape).copy_(leaves[run.indices[0]])
+            else:
+                torch.stack([leaves[i] for i in run.indices], out=part.view(len(run.indices), *run.shape))
+    return out
 
 
 def unpack(layout: Layout, buf: torch.Tensor) -> Any:
@@ -140,8 +164,12 @@ def unpack(layout: Layout, buf: torch.Tensor) -> Any:
     leaves: list[Any] = [None] * len(layout.shapes)
     for g in layout.groups:
         seg = buf[g.start : g.start + g.nbytes].view(g.dtype)
-        for i, part in zip(g.indices, seg.split(g.numels)):
-            leaves[i] = part.view(layout.shapes[i])
+        for run, part in zip(g.runs, _parts(seg, g, 0)):
+            if len(run.indices) == 1:
+                leaves[run.indices[0]] = part.view(run.shape)
+            else:
+                for i, leaf in zip(run.indices, part.view(len(run.indices), *run.shape).unbind(0)):
+                    leaves[i] = leaf
     return optree.tree_unflatten(layout.spec, leaves)
 
 
@@ -151,8 +179,10 @@ def unpack_stacked(layout: Layout, buf: torch.Tensor, n: int) -> list[torch.Tens
     leaves: list[Any] = [None] * len(layout.shapes)
     for g in layout.groups:
         seg = rows[:, g.start : g.start + g.nbytes].view(g.dtype)
-        for i, part in zip(g.indices, seg.split(g.numels, dim=1)):
-            leaves[i] = part.view(n, *layout.shapes[i])
+        for run, part in zip(g.runs, _parts(seg, g, 1)):
+            k = len(run.indices)
+            for i, leaf in zip(run.indices, part.view(n, k, *run.shape).unbind(1)):
+                leaves[i] = leaf
     return leaves
 
 

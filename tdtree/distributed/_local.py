@@ -10,6 +10,7 @@ stopped: nothing is left running.
 
 from __future__ import annotations
 
+import pickle
 import queue
 import time
 import traceback
@@ -33,7 +34,9 @@ def _child(
             result = fn(rank, world, *args)
         finally:
             dist.destroy_process_group()
-        out.put((rank, True, result))
+        # pickled here, by value: torch's queue would pass tensors as handles to this process's
+        # memory, which are gone once it exits
+        out.put((rank, True, pickle.dumps(result)))
     except BaseException:
         out.put((rank, False, traceback.format_exc()))
 
@@ -84,7 +87,7 @@ def run_local(
                     break
                 continue
             if ok:
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 failures.append(f"rank {rank} raised:\n{value}")
     finally:

@@ -1,10 +1,10 @@
 """Point to point: ``send``, ``recv``, ``recv_``, ``isend``, ``irecv``.
 
-Every transfer is one :class:`Transfer`: it posts the header swap at once
-(see :mod:`._protocol`), and once the headers agree posts the data: one
-message in consolidated mode, one per leaf with data otherwise. The blocking
-functions are the asynchronous ones followed by ``wait()``, so both run the
-same code.
+Every transfer is one :class:`Transfer`. It posts each side's first message at
+once (the header, and for a small consolidated node the node's bytes too; see
+:mod:`._protocol`), and once the headers agree posts the rest: one message in
+consolidated mode, one per leaf with data otherwise. The blocking functions are
+the asynchronous ones followed by ``wait()``, so both run the same code.
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ import torch.distributed as dist
 from .._base import Node
 from .._pytree import NAMESPACE
 from ._layout import Layout, layout_of, pack, unpack
-from ._protocol import check_peer, choose, device_of, header, same_device
+from ._protocol import EARLY_BYTES, HEADER_BYTES, check_peer, choose, device_of, header, is_early, same_device
 
 __all__ = ["Transfer", "send", "recv", "recv_", "isend", "irecv"]
+
+# posts a transfer's data messages; returns their works and what builds the result once they are done
+Post = Callable[[], tuple[list[Any], Callable[[], Any]]]
 
 
 class Transfer:
@@ -29,8 +32,9 @@ class Transfer:
 
     ``wait()`` finishes it and returns the received node (``irecv``) or None (``isend``);
     it raises :class:`~tdtree.errors.StructureMismatchError` when the two sides' nodes differ.
-    ``is_completed()`` tells without blocking, and posts the data as soon as the header swap
-    has finished: the data moves at the first ``is_completed()`` or ``wait()`` after that.
+    A small consolidated node moves with the headers, posted at once; other data is posted in
+    ``wait()``, once the headers agree. There is no ``is_completed()``: gloo's point-to-point
+    works report completion only from their own ``wait()``, so it could never say True.
     """
 
     def __init__(
@@ -38,59 +42,49 @@ class Transfer:
         op: str,
         layout: Layout,
         mine: torch.Tensor,
+        first: torch.Tensor,
         peer: int,
         group: Any,
         tag: int,
-        post: Callable[[], tuple[list[Any], Callable[[], Any]]],
+        post: Post,
     ) -> None:
         self._op, self._layout, self._peer, self._group, self._tag = op, layout, peer, group, tag
         self._mine = mine
-        self._theirs = torch.empty_like(mine)
+        self.first = torch.empty(HEADER_BYTES + EARLY_BYTES, dtype=torch.uint8, device=mine.device)
         self._works = [
-            dist.isend(mine, peer, group=group, tag=tag),
-            dist.irecv(self._theirs, peer, group=group, tag=tag),
+            dist.isend(first, peer, group=group, tag=tag),
+            dist.irecv(self.first, peer, group=group, tag=tag),
         ]
-        self._post: Callable[[], tuple[list[Any], Callable[[], Any]]] | None = post
-        self._finish: Callable[[], Any] | None = None
+        self._post = post
         self._done = False
         self._result: Any = None
 
-    def _start_data(self) -> None:
-        check_peer(self._op, self._mine, self._theirs, self._layout, self._peer, self._group, self._tag)
-        assert self._post is not None
-        self._works, self._finish = self._post()
-        self._post = None
-
-    def is_completed(self) -> bool:
-        """True once every message has arrived (``wait()`` then returns at once)."""
-        if self._done:
-            return True
-        if not all(w.is_completed() for w in self._works):
-            return False
-        if self._post is not None:
-            self._start_data()
-            return self.is_completed()
-        return True
-
     def wait(self) -> Any:
-        """Block until the transfer is done; the received node (``irecv``) or None (``isend``)."""
+        """Block until the transfer is done; the received node (``irecv``) or None (``isend``).
+
+        Raises:
+            StructureMismatchError: the two sides' nodes differ (raised on both sides).
+        """
         if self._done:
             return self._result
         for w in self._works:
             w.wait()
-        if self._post is not None:
-            self._start_data()
-            for w in self._works:
-                w.wait()
-        assert self._finish is not None
-        self._result = self._finish()
+        theirs = self.first[:HEADER_BYTES].view(torch.int64).tolist()
+        check_peer(self._op, self._mine.tolist(), theirs, self._layout, self._mine.device, self._peer, self._group, self._tag)
+        works, finish = self._post()
+        for w in works:
+            w.wait()
+        self._result = finish()
         self._done = True
-        self._post = self._finish = None
         return self._result
 
 
 def _mode(layout: Layout, leaves: list[torch.Tensor], consolidated: bool | None) -> bool:
     return choose(layout, consolidated) and same_device(leaves)
+
+
+def _nothing() -> None:
+    return None
 
 
 def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None) -> Transfer:
@@ -104,15 +98,25 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
     layout, leaves = layout_of(td)
     mode = _mode(layout, leaves, consolidated)
     device = device_of(leaves)
+    mine = header(layout, mode, "send", device)
+    early = is_early(mode, layout.nbytes)
+    if early:
+        first = torch.empty(HEADER_BYTES + layout.nbytes, dtype=torch.uint8, device=device)
+        first[:HEADER_BYTES].view(torch.int64).copy_(mine)
+        pack(layout, leaves, first[HEADER_BYTES:])
+    else:
+        first = mine.view(torch.uint8)
 
     def post() -> tuple[list[Any], Callable[[], Any]]:
-        if mode:
-            out = [pack(layout, leaves, device)] if layout.nbytes else []
+        if early:
+            out = []
+        elif mode:
+            out = [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))] if layout.nbytes else []
         else:
             out = [x.contiguous() for x in leaves if x.numel()]
-        return [dist.isend(x, dst, group=group, tag=tag) for x in out], lambda: None
+        return [dist.isend(x, dst, group=group, tag=tag) for x in out], _nothing
 
-    return Transfer("send", layout, header(layout, mode, device), dst, group, tag, post)
+    return Transfer("send", layout, mine, first, dst, group, tag, post)
 
 
 def _irecv(
@@ -121,14 +125,22 @@ def _irecv(
     layout, leaves = layout_of(like)
     mode = _mode(layout, leaves, consolidated)
     device = device_of(leaves)
+    mine = header(layout, mode, op, device)
+
+    def received(buf: torch.Tensor) -> Any:
+        if into is None:
+            return unpack(layout, buf)
+        if leaves:
+            torch._foreach_copy_(leaves, optree.tree_leaves(unpack(layout, buf), namespace=NAMESPACE))
+        return into
 
     def post() -> tuple[list[Any], Callable[[], Any]]:
+        if is_early(mode, layout.nbytes):
+            data = transfer.first[HEADER_BYTES : HEADER_BYTES + layout.nbytes]
+            return [], lambda: received(data if into is not None else data.clone())
         if mode:
             buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
-            works = [dist.irecv(buf, src, group=group, tag=tag)] if layout.nbytes else []
-            if into is None:
-                return works, lambda: unpack(layout, buf)
-            return works, lambda: _copy_into(into, leaves, unpack(layout, buf))
+            return ([dist.irecv(buf, src, group=group, tag=tag)] if layout.nbytes else []), lambda: received(buf)
         if into is None:
             targets = [torch.empty(s, dtype=d, device=x.device) for s, d, x in zip(layout.shapes, layout.dtypes, leaves)]
         else:
@@ -145,13 +157,8 @@ def _irecv(
 
         return works, finish
 
-    return Transfer(op, layout, header(layout, mode, device), src, group, tag, post)
-
-
-def _copy_into(into: Node, leaves: list[torch.Tensor], received: Node) -> Node:
-    if leaves:
-        torch._foreach_copy_(leaves, optree.tree_leaves(received, namespace=NAMESPACE))
-    return into
+    transfer = Transfer(op, layout, mine, mine.view(torch.uint8), src, group, tag, post)
+    return transfer
 
 
 def irecv(like: Node, src: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None) -> Transfer:
@@ -159,7 +166,8 @@ def irecv(like: Node, src: int, *, group: Any = None, tag: int = 0, consolidated
 
     The result is a new, untagged node with ``like``'s keys, batch sizes, shapes and dtypes, on
     ``like``'s devices; ``like``'s values are not read and ``like`` is not changed. In consolidated
-    mode every leaf of the result is a view of the one received buffer (no copy).
+    mode every leaf of the result is a view of one buffer: the received one for nodes over
+    64 KiB (no copy), a copy of the first message's bytes for smaller ones (see :mod:`._protocol`).
     """
     return _irecv("recv", like, src, group, tag, consolidated, None)
 
@@ -169,7 +177,7 @@ def send(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: b
 
     Raises:
         StructureMismatchError: the receiver's node differs in keys, shapes, dtypes or mode
-            (the receiver raises it too; nothing is sent).
+            (the receiver raises it too; no data is used).
     """
     isend(td, dst, group=group, tag=tag, consolidated=consolidated).wait()
 
@@ -179,7 +187,7 @@ def recv(like: Node, src: int, *, group: Any = None, tag: int = 0, consolidated:
 
     Raises:
         StructureMismatchError: the sender's node differs in keys, shapes, dtypes or mode
-            (the sender raises it too; nothing is received).
+            (the sender raises it too; no data is used).
     """
     return irecv(like, src, group=group, tag=tag, consolidated=consolidated).wait()
 

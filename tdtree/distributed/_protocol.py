@@ -1,15 +1,25 @@
 """The structure check every exchange starts with, and the choice of mode.
 
-Before any data moves, every process sends a *header*: four int64 values
-``[MAGIC, fingerprint, consolidated, nbytes]``. Point to point, the two sides
-swap headers at the same time (one ``isend`` and one ``irecv`` each, so the
-check costs one message latency, not a round trip); in a collective, every
-rank ``all_gather``s them. Headers are equal exactly when the structures and
-modes agree. When they differ, every side knows it, so all of them go on to
-swap their full descriptions (JSON bytes, never pickles) and raise the same
-:class:`~tdtree.errors.StructureMismatchError` naming what differs. No data
-message is ever sent for a mismatched exchange, so a later exchange between
-the same processes starts clean.
+Every process starts an exchange with a *header* of five int64 values
+``[MAGIC, fingerprint, consolidated, nbytes, op]`` (``op`` says which function
+it called: send, recv, or a collective). Headers agree when the first four are
+equal and the ops fit together (a send meets a recv; a collective meets the
+same collective). When they do not, every side knows it, so all of them go on
+to swap their full descriptions (JSON bytes, never pickles) and raise the same
+:class:`~tdtree.errors.StructureMismatchError` naming what differs.
+
+Point to point, each side posts one ``isend`` and one ``irecv`` at once, so the
+check costs no round trip. The first message of a side is its header, followed,
+for a consolidated sender of at most ``EARLY_BYTES``, by the node's bytes: small
+nodes travel in that one message. Every first message is received into a buffer
+of ``HEADER_BYTES + EARLY_BYTES``, so it always fits (gloo aborts the process on
+a message larger than its receive buffer), and a refused exchange leaves no
+message behind for a later one: data beyond the first message is posted only
+once the headers agree. A received small node is copied out of that buffer into
+one of its own size (a few microseconds), so it does not hold 64 KiB; larger
+nodes are received straight into their buffer and unpacked as views.
+
+Collectives all-gather the headers, then move data only when all agree.
 
 Mode: ``consolidated=None`` picks the consolidated buffer when the messages it
 saves cost more than the copy it makes (see :func:`choose`).
@@ -26,9 +36,24 @@ import torch.distributed as dist
 from ..errors import StructureMismatchError
 from ._layout import Layout, differences
 
-__all__ = ["MAGIC", "choose", "header", "device_of", "check_peer", "check_group"]
+__all__ = [
+    "EARLY_BYTES",
+    "HEADER_BYTES",
+    "OPS",
+    "choose",
+    "is_early",
+    "header",
+    "device_of",
+    "same_device",
+    "check_peer",
+    "check_group",
+]
 
 MAGIC = 0x7464747265650001  # "tdtree" and a protocol version
+HEADER_BYTES = 5 * 8
+EARLY_BYTES = 64 * 1024
+OPS = {"send": 1, "recv": 2, "recv_": 2, "broadcast": 3, "all_reduce": 4, "all_gather": 5, "reduce_scatter": 6}
+_OP_NAMES = {1: "send", 2: "recv", 3: "broadcast", 4: "all_reduce", 5: "all_gather", 6: "reduce_scatter"}
 _MODES = {0: "per-leaf", 1: "consolidated"}
 
 # Measured with bench/distributed.py on the 2-core CI machine (gloo, loopback): one extra message
@@ -50,6 +75,11 @@ def choose(layout: Layout, consolidated: bool | None) -> bool:
     return layout.nbytes < (len(layout.shapes) - 1) * BYTES_PER_MESSAGE
 
 
+def is_early(consolidated: bool, nbytes: int) -> bool:
+    """Whether a sender of this mode and size puts the node's bytes in its first message."""
+    return consolidated and 0 < nbytes <= EARLY_BYTES
+
+
 def device_of(leaves: list[torch.Tensor]) -> torch.device:
     """The device messages travel from: the leaves' device, or the CPU for a node without leaves."""
     return leaves[0].device if leaves else torch.device("cpu")
@@ -59,8 +89,14 @@ def same_device(leaves: list[torch.Tensor]) -> bool:
     return all(x.device == leaves[0].device for x in leaves)
 
 
-def header(layout: Layout, consolidated: bool, device: torch.device) -> torch.Tensor:
-    return torch.tensor([MAGIC, layout.fingerprint, int(consolidated), layout.nbytes], dtype=torch.int64, device=device)
+def header(layout: Layout, consolidated: bool, op: str, device: torch.device) -> torch.Tensor:
+    """The header tensor (cached on the layout: it is only ever read)."""
+    key = (consolidated, op, device)
+    cached = layout.headers.get(key)
+    if cached is None:
+        values = [MAGIC, layout.fingerprint, int(consolidated), layout.nbytes, OPS[op]]
+        cached = layout.headers[key] = torch.tensor(values, dtype=torch.int64, device=device)
+    return cached
 
 
 def _encode(description: Any, device: torch.device) -> torch.Tensor:
@@ -87,22 +123,25 @@ def _explain(mine: Any, theirs: Any, hdr_mine: list[int], hdr_theirs: list[int],
 
 
 def check_peer(
-    op: str, mine: torch.Tensor, theirs: torch.Tensor, layout: Layout, peer: int, group: Any, tag: int
+    op: str, mine: list[int], theirs: list[int], layout: Layout, device: torch.device, peer: int, group: Any, tag: int
 ) -> None:
-    """Return when the swapped headers agree; else swap descriptions with ``peer`` and raise."""
-    a, b = mine.tolist(), theirs.tolist()
-    if a == b:
+    """Return when the swapped headers agree (a send meets a recv); else swap descriptions and raise."""
+    partner = OPS["recv"] if OPS[op] == OPS["send"] else OPS["send"]
+    if mine[:4] == theirs[:4] and theirs[4] == partner:
         return
-    them = f"rank {peer}"
-    if b[0] != MAGIC:
-        raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree header: {b}"])
-    device = mine.device
+    me, them = f"this rank ({dist.get_rank()})", f"rank {peer}"
+    if theirs[0] != MAGIC:
+        raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree header: {theirs}"])
+    if theirs[4] != partner:
+        raise StructureMismatchError(
+            op, [f"{me} called {_OP_NAMES[mine[4]]} and {them} called {_OP_NAMES.get(theirs[4], theirs[4])}"]
+        )
     own = _encode(layout.description, device)
     size = torch.empty(1, dtype=torch.int64, device=device)
     _swap(torch.tensor([own.numel()], dtype=torch.int64, device=device), size, peer, group, tag)
     other = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     _swap(own, other, peer, group, tag)
-    raise StructureMismatchError(op, _explain(layout.description, _decode(other), a, b, f"this rank ({dist.get_rank()})", them))
+    raise StructureMismatchError(op, _explain(layout.description, _decode(other), mine, theirs, me, them))
 
 
 def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tag: int) -> None:
@@ -114,13 +153,17 @@ def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tag: int
 def check_group(op: str, layout: Layout, consolidated: bool, device: torch.device, group: Any, ref: int) -> None:
     """All-gather the headers; return when every rank's equals rank ``ref``'s (a group rank), else raise
     on every rank the same error naming, for each differing rank, how it differs from ``ref``."""
-    mine = header(layout, consolidated, device)
+    mine = header(layout, consolidated, op, device)
     world = dist.get_world_size(group)
-    table = torch.empty(world * 4, dtype=torch.int64, device=device)
+    table = torch.empty(world * 5, dtype=torch.int64, device=device)
     dist.all_gather_single(table, mine, group=group)
-    rows = table.view(world, 4).tolist()
+    rows = table.view(world, 5).tolist()
     if all(row == rows[ref] for row in rows):
         return
+    ops = {row[4] for row in rows}
+    if len(ops) > 1:
+        calls = ", ".join(f"rank {r} called {_OP_NAMES.get(row[4], row[4])}" for r, row in enumerate(rows))
+        raise StructureMismatchError(op, [f"the ranks called different collectives: {calls}"])
     own = _encode(layout.description, device)
     sizes = torch.empty(world, dtype=torch.int64, device=device)
     dist.all_gather_single(sizes, torch.tensor([own.numel()], dtype=torch.int64, device=device), group=group)

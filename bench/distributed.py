@@ -1,0 +1,170 @@
+"""Round trips of nodes between two processes: tdtree beside tensordict, a dict loop and raw torch.
+
+Usage: ``python -m bench.distributed [--rounds 200] [--large-mb 64]``
+
+pytest-benchmark times a call in its own process, and the work here happens in two others, so
+this is a script: it starts a gloo group of two local processes (``tdtree.distributed.run_local``),
+and rank 0 times round trips (send to rank 1, which receives and sends back) while rank 1 echoes.
+It prints one table per node: the median round trip, the throughput (twice the node's bytes per
+round trip), and the ratio to tensordict's ``isend``/``irecv`` (its ``test_distributed`` case;
+above 1 is faster than tensordict) and to raw ``torch.distributed`` on one contiguous tensor of
+the same bytes (the floor; 1.0 is as fast as it).
+
+Nodes: *small*, 10 leaves of shape (3, 4) (float32, batch (3, 4)); *large*, 4 leaves of 16 MB
+(64 MB). Rows:
+
+* ``tdtree``: ``send`` / ``recv`` with the default mode; ``tdtree consolidated`` and
+  ``tdtree per-leaf`` force the mode; ``tdtree recv_`` receives into a preallocated node.
+  Every tdtree row includes the structure check.
+* ``tensordict``: ``td.isend(dst)`` / ``td.irecv(src)`` into a preallocated tensordict.
+* ``dict loop``: ``dist.send`` / ``dist.recv`` of each tensor of a dict into preallocated tensors.
+* ``raw``: ``dist.send`` / ``dist.recv`` of one contiguous float32 tensor of the same bytes, into a
+  preallocated tensor (compare ``tdtree recv_``); ``raw new`` receives into a new tensor each time,
+  as a function returning new data must (compare ``tdtree``: for 64 MB, allocating the pages costs
+  about as much as moving them over loopback).
+
+Timings on a shared machine are noisy: compare the ratios within one run, not the times.
+``bench/test_distributed.py`` runs this with a few rounds and a small "large" node in ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import tdtree as tt
+import tdtree.distributed as ttd
+
+__all__ = ["IMPLS", "measure", "table", "main"]
+
+
+def _source(case: str, large_mb: int) -> tuple[dict[str, torch.Tensor], tuple[int, ...]]:
+    if case == "small":
+        return {str(i): torch.randn(3, 4) for i in range(10)}, (3, 4)
+    per_leaf = large_mb * 2**20 // 4 // 4  # float32 elements in each of 4 leaves
+    return {k: torch.randn(per_leaf) for k in "abcd"}, ()
+
+
+# Each impl: make(source, batch) -> state; send(state, dst); recv(state, src) -> state to echo back.
+Impl = tuple[Callable[..., Any], Callable[[Any, int], None], Callable[[Any, int], Any]]
+
+
+def _tdtree(mode: bool | None) -> Impl:
+    return (
+        lambda src, batch: tt.TensorDict(src, batch),
+        lambda td, dst: ttd.send(td, dst, consolidated=mode),
+        lambda td, src: ttd.recv(td, src, consolidated=mode),
+    )
+
+
+def _tensordict() -> Impl:
+    import tensordict
+
+    def recv(td: Any, src: int) -> Any:
+        td.irecv(src)
+        return td
+
+    return (lambda src, batch: tensordict.TensorDict(src, batch), lambda td, dst: td.isend(dst), recv)
+
+
+def _dict_send(d: dict[str, torch.Tensor], dst: int) -> None:
+    for t in d.values():
+        dist.send(t, dst)
+
+
+def _dict_recv(d: dict[str, torch.Tensor], src: int) -> dict[str, torch.Tensor]:
+    for t in d.values():
+        dist.recv(t, src)
+    return d
+
+
+def _raw_make(src: dict[str, torch.Tensor], batch: tuple[int, ...]) -> torch.Tensor:
+    return torch.randn(sum(t.numel() for t in src.values()))
+
+
+def _raw_recv(t: torch.Tensor, src: int) -> torch.Tensor:
+    dist.recv(t, src)
+    return t
+
+
+IMPLS: dict[str, Impl] = {
+    "tdtree": _tdtree(None),
+    "tdtree consolidated": _tdtree(True),
+    "tdtree per-leaf": _tdtree(False),
+    "tdtree recv_": (
+        lambda src, batch: tt.TensorDict(src, batch),
+        lambda td, dst: ttd.send(td, dst),
+        lambda td, src: ttd.recv_(td, src),
+    ),
+    "tensordict": _tensordict(),
+    "dict loop": (lambda src, batch: dict(src), _dict_send, _dict_recv),
+    "raw": (_raw_make, lambda t, dst: dist.send(t, dst), _raw_recv),
+    "raw new": (_raw_make, lambda t, dst: dist.send(t, dst), lambda t, src: _raw_recv(torch.empty_like(t), src)),
+}
+
+
+def _job(rank: int, world: int, rounds: int, large_mb: int, warmup: int) -> dict[tuple[str, str], list[float]]:
+    # Rounds interleave the impls (in a rotating order), so that load from other processes on a
+    # shared machine falls on all of them alike and the ratios stay meaningful.
+    times: dict[tuple[str, str], list[float]] = {}
+    names = list(IMPLS)
+    for case in ("small", "large"):
+        source, batch = _source(case, large_mb)
+        states = {name: IMPLS[name][0](source, batch) for name in names}
+        n = rounds if case == "small" else max(rounds // 20, 3)
+        dist.barrier()
+        for i in range(warmup + n):
+            for j in range(len(names)):
+                name = names[(i + j) % len(names)]
+                _, send, recv = IMPLS[name]
+                if rank == 0:
+                    t0 = time.perf_counter()
+                    send(states[name], 1)
+                    recv(states[name], 1)
+                    if i >= warmup:
+                        times.setdefault((case, name), []).append(time.perf_counter() - t0)
+                else:
+                    send(recv(states[name], 0), 0)
+    return times
+
+
+def measure(rounds: int = 200, large_mb: int = 64, warmup: int = 5) -> dict[tuple[str, str], float]:
+    """{(case, impl): median round-trip seconds}, measured by rank 0 of a local 2-process gloo group."""
+    laps = ttd.run_local(_job, 2, rounds, large_mb, warmup, timeout=600.0, op_timeout=120.0)[0]
+    return {key: statistics.median(v) for key, v in laps.items()}
+
+
+def table(medians: dict[tuple[str, str], float], large_mb: int = 64) -> str:
+    """The Markdown table of :func:`measure`'s medians, with throughput and ratios."""
+    lines = []
+    for case in ("small", "large"):
+        nbytes = 10 * 12 * 4 if case == "small" else large_mb * 2**20
+        lines += [
+            f"\n{case} node ({nbytes} bytes)\n",
+            "| impl | round trip | throughput | vs tensordict | vs raw | vs raw new |",
+            "|---|---|---|---|---|---|",
+        ]
+        base = [medians[(case, b)] for b in ("tensordict", "raw", "raw new")]
+        for name in IMPLS:
+            t = medians[(case, name)]
+            ratios = " | ".join(f"{b / t:.2f}x" for b in base)
+            lines.append(f"| {name} | {t * 1e6:.0f} µs | {2 * nbytes / t / 1e6:.1f} MB/s | {ratios} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200, help="round trips per small case (large: a 20th)")
+    parser.add_argument("--large-mb", type=int, default=64, help="size of the large node in MB")
+    args = parser.parse_args(argv)
+    print(table(measure(args.rounds, args.large_mb), args.large_mb))  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()
