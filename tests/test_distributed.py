@@ -214,13 +214,18 @@ def mismatches(rank: int, world: int, group: Any) -> dict[str, Any]:
         "shape": base.set(("next", "reward"), torch.zeros(4, 2)) if rank == 1 else base,
         "dtype": base.set("x_int64", torch.zeros(4, 3, dtype=torch.int32)) if rank == 1 else base,
         "large shape": large(1).set("a", torch.zeros(8)) if rank == 1 else large(1),
+        # consolidated but over the first message's size: the data goes in a message of its own
+        "medium dtype": base.set("big", torch.zeros(4, 50_000, dtype=torch.float64 if rank else torch.float32)),
     }
     got: dict[str, Any] = {}
     for name, td in cases.items():
         got[name] = _error(lambda: ttd.send(td, 1) if rank == 0 else ttd.recv(td, 0))
     mode = rank == 0  # consolidated on rank 0, per-leaf on rank 1
     got["mode"] = _error(lambda: ttd.send(base, 1, consolidated=mode) if rank == 0 else ttd.recv(base, 0, consolidated=mode))
-    got["both send"] = _error(lambda: ttd.send(base, 1 - rank))
+    for mode in MODES:  # both send at once, then both receive: a swap
+        pending = ttd.isend(nested(40 + rank), 1 - rank, consolidated=mode)
+        got[("swap", mode)] = ttd.recv(base, 1 - rank, consolidated=mode)
+        pending.wait()
     got["collective"] = _error(lambda: ttd.all_reduce(cases["shape"], group=group))
     got["after"] = ttd.recv(base, 0) if rank == 1 else ttd.send(base, 1)
     return got
@@ -398,8 +403,8 @@ def test_collectives_four_processes(results: list[dict[str, Any]]) -> None:
         ("shape", ["('next', 'reward')", "(4, 1)", "(4, 2)"]),
         ("dtype", ["'x_int64'", "int64", "int32"]),
         ("large shape", ["'a'", "(8,)"]),
+        ("medium dtype", ["'big'", "float32", "float64"]),
         ("mode", ["consolidated", "per-leaf"]),
-        ("both send", ["called send"]),
     ],
 )
 def test_point_to_point_mismatch_raises_on_both_sides(results: list[dict[str, Any]], case: str, names: list[str]) -> None:
@@ -409,6 +414,12 @@ def test_point_to_point_mismatch_raises_on_both_sides(results: list[dict[str, An
         for name in names:
             assert name in message, f"rank {rank}: {name} not in {message!r}"
         assert seconds < MISMATCH_SECONDS, f"rank {rank} took {seconds:.1f}s to raise"
+
+
+def test_a_swap_in_both_directions_at_once(results: list[dict[str, Any]]) -> None:
+    for rank, got in enumerate(_outcome(results, "mismatches")):
+        for mode in MODES:
+            assert_equal(got[("swap", mode)], nested(40 + 1 - rank))
 
 
 def test_a_transfer_after_mismatches_is_intact(results: list[dict[str, Any]]) -> None:

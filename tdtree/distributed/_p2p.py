@@ -1,10 +1,12 @@
 """Point to point: ``send``, ``recv``, ``recv_``, ``isend``, ``irecv``.
 
-Every transfer is one :class:`Transfer`. It posts each side's first message at
-once (the header, and for a small consolidated node the node's bytes too; see
-:mod:`._protocol`), and once the headers agree posts the rest: one message in
-consolidated mode, one per leaf with data otherwise. The blocking functions are
-the asynchronous ones followed by ``wait()``, so both run the same code.
+Every transfer is one :class:`Transfer`. Each side posts its first message and
+a receive for the other's at once (the header, and for a small consolidated
+node the node's bytes too; see :mod:`._protocol`). A sender posts the rest of
+its data at once too, so transfers in flight in both directions (a swap, a
+ring) always make progress; a receiver posts its receives once the headers
+agree. The blocking functions are the asynchronous ones followed by ``wait()``,
+so both run the same code.
 """
 
 from __future__ import annotations
@@ -19,11 +21,21 @@ import torch.distributed as dist
 from .._base import Node
 from .._pytree import NAMESPACE
 from ._layout import Layout, layout_of, pack, unpack
-from ._protocol import EARLY_BYTES, HEADER_BYTES, check_peer, choose, device_of, header, is_early, same_device
+from ._protocol import (
+    EARLY_BYTES,
+    HEADER_BYTES,
+    check_peer,
+    choose,
+    device_of,
+    header,
+    is_early,
+    same_device,
+    tags,
+)
 
 __all__ = ["Transfer", "send", "recv", "recv_", "isend", "irecv"]
 
-# posts a transfer's data messages; returns their works and what builds the result once they are done
+# posts a receiver's data receives once the headers agree; returns their works and what builds the result
 Post = Callable[[], tuple[list[Any], Callable[[], Any]]]
 
 
@@ -32,9 +44,8 @@ class Transfer:
 
     ``wait()`` finishes it and returns the received node (``irecv``) or None (``isend``);
     it raises :class:`~tdtree.errors.StructureMismatchError` when the two sides' nodes differ.
-    A small consolidated node moves with the headers, posted at once; other data is posted in
-    ``wait()``, once the headers agree. There is no ``is_completed()``: gloo's point-to-point
-    works report completion only from their own ``wait()``, so it could never say True.
+    There is no ``is_completed()``: gloo's point-to-point works report completion only from
+    their own ``wait()``, so it could never say True.
     """
 
     def __init__(
@@ -45,19 +56,25 @@ class Transfer:
         first: torch.Tensor,
         peer: int,
         group: Any,
-        tag: int,
-        post: Post,
+        tags: tuple[int, int, int],
+        data: list[torch.Tensor],
+        post: Post | None,
     ) -> None:
-        self._op, self._layout, self._peer, self._group, self._tag = op, layout, peer, group, tag
+        self._op, self._layout, self._peer, self._group, self._tags = op, layout, peer, group, tags
         self._mine = mine
-        self.first = torch.empty(HEADER_BYTES + EARLY_BYTES, dtype=torch.uint8, device=mine.device)
+        self._first = torch.empty(HEADER_BYTES + EARLY_BYTES, dtype=torch.uint8, device=mine.device)
         self._works = [
-            dist.isend(first, peer, group=group, tag=tag),
-            dist.irecv(self.first, peer, group=group, tag=tag),
+            dist.isend(first, peer, group=group, tag=tags[0]),
+            dist.irecv(self._first, peer, group=group, tag=tags[1]),
         ]
+        self._sent = [dist.isend(x, peer, group=group, tag=tags[2]) for x in data]
         self._post = post
         self._done = False
         self._result: Any = None
+
+    def first_bytes(self, n: int) -> torch.Tensor:
+        """The ``n`` bytes after the header in the first message received."""
+        return self._first[HEADER_BYTES : HEADER_BYTES + n]
 
     def wait(self) -> Any:
         """Block until the transfer is done; the received node (``irecv``) or None (``isend``).
@@ -69,9 +86,12 @@ class Transfer:
             return self._result
         for w in self._works:
             w.wait()
-        theirs = self.first[:HEADER_BYTES].view(torch.int64).tolist()
-        check_peer(self._op, self._mine.tolist(), theirs, self._layout, self._mine.device, self._peer, self._group, self._tag)
-        works, finish = self._post()
+        theirs = self._first[:HEADER_BYTES].view(torch.int64).tolist()
+        check_peer(
+            self._op, self._mine.tolist(), theirs, self._layout, self._mine.device, self._peer, self._group,
+            self._tags, self._sent,
+        )
+        works, finish = self._post() if self._post is not None else (self._sent, _nothing)
         for w in works:
             w.wait()
         self._result = finish()
@@ -94,29 +114,24 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
     shapes and dtypes (tags and values may differ). ``td`` is not changed, and must not be written
     in place before ``wait()`` returns. ``consolidated`` picks the mode (None: the faster one for
     this structure, the same choice on both sides; see the README); both sides must agree.
+    A transfer uses the tags ``3 * tag`` to ``3 * tag + 2`` (see :func:`._protocol.tags`).
     """
     layout, leaves = layout_of(td)
     mode = _mode(layout, leaves, consolidated)
     device = device_of(leaves)
     mine = header(layout, mode, "send", device)
-    early = is_early(mode, layout.nbytes)
-    if early:
+    data: list[torch.Tensor] = []
+    if is_early(mode, layout.nbytes):
         first = torch.empty(HEADER_BYTES + layout.nbytes, dtype=torch.uint8, device=device)
         first[:HEADER_BYTES].view(torch.int64).copy_(mine)
         pack(layout, leaves, first[HEADER_BYTES:])
     else:
         first = mine.view(torch.uint8)
-
-    def post() -> tuple[list[Any], Callable[[], Any]]:
-        if early:
-            out = []
-        elif mode:
-            out = [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))] if layout.nbytes else []
-        else:
-            out = [x.contiguous() for x in leaves if x.numel()]
-        return [dist.isend(x, dst, group=group, tag=tag) for x in out], _nothing
-
-    return Transfer("send", layout, mine, first, dst, group, tag, post)
+        if mode and layout.nbytes:
+            data = [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))]
+        elif not mode:
+            data = [x.contiguous() for x in leaves if x.numel()]
+    return Transfer("send", layout, mine, first, dst, group, tags("send", tag), data, None)
 
 
 def _irecv(
@@ -126,6 +141,7 @@ def _irecv(
     mode = _mode(layout, leaves, consolidated)
     device = device_of(leaves)
     mine = header(layout, mode, op, device)
+    channels = tags(op, tag)
 
     def received(buf: torch.Tensor) -> Any:
         if into is None:
@@ -136,16 +152,17 @@ def _irecv(
 
     def post() -> tuple[list[Any], Callable[[], Any]]:
         if is_early(mode, layout.nbytes):
-            data = transfer.first[HEADER_BYTES : HEADER_BYTES + layout.nbytes]
+            data = transfer.first_bytes(layout.nbytes)
+            # a copy the node's size, so a small node does not hold the whole first buffer
             return [], lambda: received(data if into is not None else data.clone())
         if mode:
             buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
-            return ([dist.irecv(buf, src, group=group, tag=tag)] if layout.nbytes else []), lambda: received(buf)
+            return ([dist.irecv(buf, src, group=group, tag=channels[2])] if layout.nbytes else []), lambda: received(buf)
         if into is None:
             targets = [torch.empty(s, dtype=d, device=x.device) for s, d, x in zip(layout.shapes, layout.dtypes, leaves)]
         else:
             targets = [x if x.is_contiguous() else torch.empty_like(x, memory_format=torch.contiguous_format) for x in leaves]
-        works = [dist.irecv(t, src, group=group, tag=tag) for t in targets if t.numel()]
+        works = [dist.irecv(t, src, group=group, tag=channels[2]) for t in targets if t.numel()]
 
         def finish() -> Any:
             if into is None:
@@ -157,7 +174,7 @@ def _irecv(
 
         return works, finish
 
-    transfer = Transfer(op, layout, mine, mine.view(torch.uint8), src, group, tag, post)
+    transfer = Transfer(op, layout, mine, mine.view(torch.uint8), src, group, channels, [], post)
     return transfer
 
 
@@ -177,7 +194,7 @@ def send(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: b
 
     Raises:
         StructureMismatchError: the receiver's node differs in keys, shapes, dtypes or mode
-            (the receiver raises it too; no data is used).
+            (the receiver raises it too, and uses none of the data).
     """
     isend(td, dst, group=group, tag=tag, consolidated=consolidated).wait()
 

@@ -2,22 +2,27 @@
 
 Every process starts an exchange with a *header* of five int64 values
 ``[MAGIC, fingerprint, consolidated, nbytes, op]`` (``op`` says which function
-it called: send, recv, or a collective). Headers agree when the first four are
-equal and the ops fit together (a send meets a recv; a collective meets the
-same collective). When they do not, every side knows it, so all of them go on
-to swap their full descriptions (JSON bytes, never pickles) and raise the same
-:class:`~tdtree.errors.StructureMismatchError` naming what differs.
+it called). Headers agree when the first four are equal (and, in a
+collective, the ops too). When they do not, every side knows it, so all of
+them go on to swap their full descriptions (JSON bytes, never pickles) and
+raise the same :class:`~tdtree.errors.StructureMismatchError` naming what
+differs.
 
-Point to point, each side posts one ``isend`` and one ``irecv`` at once, so the
-check costs no round trip. The first message of a side is its header, followed,
-for a consolidated sender of at most ``EARLY_BYTES``, by the node's bytes: small
-nodes travel in that one message. Every first message is received into a buffer
-of ``HEADER_BYTES + EARLY_BYTES``, so it always fits (gloo aborts the process on
-a message larger than its receive buffer), and a refused exchange leaves no
-message behind for a later one: data beyond the first message is posted only
-once the headers agree. A received small node is copied out of that buffer into
-one of its own size (a few microseconds), so it does not hold 64 KiB; larger
-nodes are received straight into their buffer and unpacked as views.
+Point to point, each side posts its first message and a receive for the
+other's at once, so the check costs no round trip. A side's first message is
+its header, followed, for a consolidated sender of at most ``EARLY_BYTES``, by
+the node's bytes: small nodes travel in that one message. Every first message
+is received into a buffer of ``HEADER_BYTES + EARLY_BYTES``, so it always fits
+(gloo aborts the process on a message larger than its receive buffer). A
+sender posts the rest of its data at once too, so that transfers in both
+directions between two processes (a swap, a ring) always make progress; a
+receiver posts its receives, each of the size the agreed structure gives, only
+once the headers agree. On a refused transfer the receiver drains what the
+sender posted, so no message is left for a later transfer. Three tags keep the
+streams apart (:func:`tags`). A received small node is copied out of the first
+buffer into one of its own size (a few microseconds), so it does not hold
+64 KiB; larger nodes are received straight into their buffer and unpacked as
+views.
 
 Collectives all-gather the headers, then move data only when all agree.
 
@@ -28,6 +33,7 @@ saves cost more than the copy it makes (see :func:`choose`).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import torch
@@ -47,6 +53,7 @@ __all__ = [
     "same_device",
     "check_peer",
     "check_group",
+    "tags",
 ]
 
 MAGIC = 0x7464747265650001  # "tdtree" and a protocol version
@@ -122,30 +129,75 @@ def _explain(mine: Any, theirs: Any, hdr_mine: list[int], hdr_theirs: list[int],
     return lines or [f"the structure fingerprints differ between {me} and {them}"]
 
 
+def tags(op: str, tag: int) -> tuple[int, int, int]:
+    """The tags one point-to-point side uses: (first message out, first message in, data).
+
+    ``3 * tag`` carries the sender's first message, ``3 * tag + 1`` the receiver's, and
+    ``3 * tag + 2`` the sender's other data. Separate streams keep transfers in opposite
+    directions between the same two processes (a swap, a ring) from taking each other's
+    messages; the price is that two processes that both call ``send`` to each other wait (until
+    the process group's timeout), as two plain ``torch.distributed.send`` calls would.
+    """
+    if OPS[op] == OPS["send"]:
+        return 3 * tag, 3 * tag + 1, 3 * tag + 2
+    return 3 * tag + 1, 3 * tag, 3 * tag + 2
+
+
+def _message_sizes(header: list[int], description: Any) -> list[int]:
+    """The sizes of the data messages a sender with this header and description posted after its first."""
+    if is_early(bool(header[2]), header[3]):
+        return []
+    if header[2]:
+        return [header[3]] if header[3] else []
+    sizes = []
+    for entry in description:
+        if entry[0] == "leaf":
+            n = math.prod(entry[2]) * getattr(torch, entry[3]).itemsize
+            if n:
+                sizes.append(n)
+    return sizes
+
+
 def check_peer(
-    op: str, mine: list[int], theirs: list[int], layout: Layout, device: torch.device, peer: int, group: Any, tag: int
+    op: str,
+    mine: list[int],
+    theirs: list[int],
+    layout: Layout,
+    device: torch.device,
+    peer: int,
+    group: Any,
+    tags: tuple[int, int, int],
+    sent: list[Any],
 ) -> None:
-    """Return when the swapped headers agree (a send meets a recv); else swap descriptions and raise."""
-    partner = OPS["recv"] if OPS[op] == OPS["send"] else OPS["send"]
-    if mine[:4] == theirs[:4] and theirs[4] == partner:
+    """Return when the swapped headers agree; else settle and raise.
+
+    Settling: the two sides swap descriptions; a receiver then receives, into scratch buffers,
+    the data messages the sender posted (their sizes follow from the sender's header and
+    description), and a sender waits for those (``sent``) to go, so no message is left for a
+    later transfer.
+    """
+    if mine[:4] == theirs[:4]:
         return
     me, them = f"this rank ({dist.get_rank()})", f"rank {peer}"
     if theirs[0] != MAGIC:
         raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree header: {theirs}"])
-    if theirs[4] != partner:
-        raise StructureMismatchError(
-            op, [f"{me} called {_OP_NAMES[mine[4]]} and {them} called {_OP_NAMES.get(theirs[4], theirs[4])}"]
-        )
     own = _encode(layout.description, device)
     size = torch.empty(1, dtype=torch.int64, device=device)
-    _swap(torch.tensor([own.numel()], dtype=torch.int64, device=device), size, peer, group, tag)
+    _swap(torch.tensor([own.numel()], dtype=torch.int64, device=device), size, peer, group, tags)
     other = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    _swap(own, other, peer, group, tag)
-    raise StructureMismatchError(op, _explain(layout.description, _decode(other), mine, theirs, me, them))
+    _swap(own, other, peer, group, tags)
+    described = _decode(other)
+    if OPS[op] == OPS["send"]:
+        for w in sent:
+            w.wait()
+    else:
+        for n in _message_sizes(theirs, described):
+            dist.recv(torch.empty(n, dtype=torch.uint8, device=device), peer, group=group, tag=tags[2])
+    raise StructureMismatchError(op, _explain(layout.description, described, mine, theirs, me, them))
 
 
-def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tag: int) -> None:
-    works = [dist.isend(out, peer, group=group, tag=tag), dist.irecv(into, peer, group=group, tag=tag)]
+def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tags: tuple[int, int, int]) -> None:
+    works = [dist.isend(out, peer, group=group, tag=tags[0]), dist.irecv(into, peer, group=group, tag=tags[1])]
     for w in works:
         w.wait()
 
