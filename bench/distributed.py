@@ -109,14 +109,36 @@ IMPLS: dict[str, Impl] = {
 }
 
 
-def _job(rank: int, world: int, rounds: int, large_mb: int, warmup: int) -> dict[tuple[str, str], list[float]]:
+def _total(state: Any) -> float:
+    """The sum of every value a state holds, to check that a round trip brought the same data back."""
+    if isinstance(state, torch.Tensor):
+        return float(state.double().sum())
+    if isinstance(state, tt.TensorDict):
+        return sum(_total(x) for x in tt.tree.leaves(state))
+    if isinstance(state, dict):
+        return sum(_total(x) for x in state.values())
+    return sum(_total(x) for x in state.values(True, True))  # a tensordict
+
+
+def _zero(state: Any) -> None:
+    leaves = [state] if isinstance(state, torch.Tensor) else list(
+        tt.tree.leaves(state) if isinstance(state, tt.TensorDict) else
+        state.values() if isinstance(state, dict) else state.values(True, True)
+    )
+    for x in leaves:
+        x.zero_()
+
+
+def _job(rank: int, world: int, rounds: int, large_mb: int, warmup: int) -> tuple[dict[Any, list[float]], dict[Any, bool]]:
     # Rounds interleave the impls (in a rotating order), so that load from other processes on a
     # shared machine falls on all of them alike and the ratios stay meaningful.
     times: dict[tuple[str, str], list[float]] = {}
+    intact: dict[tuple[str, str], bool] = {}
     names = list(IMPLS)
     for case in ("small", "large"):
         source, batch = _source(case, large_mb)
-        states = {name: IMPLS[name][0](source, batch) for name in names}
+        # each impl its own tensors: in-place receives and the zeroing below must not reach the others
+        states = {name: IMPLS[name][0]({k: v.clone() for k, v in source.items()}, batch) for name in names}
         n = rounds if case == "small" else max(rounds // 20, 3)
         dist.barrier()
         for i in range(warmup + n):
@@ -131,13 +153,26 @@ def _job(rank: int, world: int, rounds: int, large_mb: int, warmup: int) -> dict
                         times.setdefault((case, name), []).append(time.perf_counter() - t0)
                 else:
                     send(recv(states[name], 0), 0)
-    return times
+        for name in names:  # one more round trip each, untimed, into a zeroed state: did the data come back?
+            _, send, recv = IMPLS[name]
+            if rank == 0:
+                expected = _total(states[name])
+                send(states[name], 1)
+                _zero(states[name])
+                received = _total(recv(states[name], 1))
+                intact[(case, name)] = expected != 0 and received == expected
+            else:
+                send(recv(states[name], 0), 0)
+    return times, intact
 
 
-def measure(rounds: int = 200, large_mb: int = 64, warmup: int = 5) -> dict[tuple[str, str], float]:
-    """{(case, impl): median round-trip seconds}, measured by rank 0 of a local 2-process gloo group."""
-    laps = ttd.run_local(_job, 2, rounds, large_mb, warmup, timeout=600.0, op_timeout=120.0)[0]
-    return {key: statistics.median(v) for key, v in laps.items()}
+def measure(
+    rounds: int = 200, large_mb: int = 64, warmup: int = 5
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], bool]]:
+    """{(case, impl): median round-trip seconds}, measured by rank 0 of a local 2-process gloo group,
+    and {(case, impl): whether the last round trip brought back the data sent}."""
+    laps, intact = ttd.run_local(_job, 2, rounds, large_mb, warmup, timeout=600.0, op_timeout=120.0)[0]
+    return {key: statistics.median(v) for key, v in laps.items()}, intact
 
 
 def table(medians: dict[tuple[str, str], float], large_mb: int = 64) -> str:
@@ -163,7 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=200, help="round trips per small case (large: a 20th)")
     parser.add_argument("--large-mb", type=int, default=64, help="size of the large node in MB")
     args = parser.parse_args(argv)
-    print(table(measure(args.rounds, args.large_mb), args.large_mb))  # noqa: T201
+    medians, intact = measure(args.rounds, args.large_mb)
+    broken = [key for key, ok in intact.items() if not ok]
+    if broken:
+        raise SystemExit(f"round trips that did not bring the data back: {broken}")
+    print(table(medians, args.large_mb))  # noqa: T201
 
 
 if __name__ == "__main__":

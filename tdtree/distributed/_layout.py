@@ -67,7 +67,7 @@ class Layout:
     dtypes: tuple[torch.dtype, ...]
     groups: tuple[Group, ...]
     nbytes: int
-    headers: dict[Any, torch.Tensor] = field(default_factory=dict, compare=False)  # see _protocol.header
+    headers: dict[Any, Any] = field(default_factory=dict, compare=False)  # filled by _protocol.header
 
 
 def _describe(node: Node) -> tuple[tuple[Any, ...], ...]:

@@ -52,7 +52,7 @@ class Transfer:
         self,
         op: str,
         layout: Layout,
-        mine: torch.Tensor,
+        mine: tuple[torch.Tensor, list[int]],
         first: torch.Tensor,
         peer: int,
         group: Any,
@@ -61,8 +61,10 @@ class Transfer:
         post: Post | None,
     ) -> None:
         self._op, self._layout, self._peer, self._group, self._tags = op, layout, peer, group, tags
-        self._mine = mine
-        self._first = torch.empty(HEADER_BYTES + EARLY_BYTES, dtype=torch.uint8, device=mine.device)
+        self._mine, self._values = mine
+        # a receiver's first message is its header alone; a sender's may carry a small node
+        size = HEADER_BYTES if tags[0] % 3 == 0 else HEADER_BYTES + EARLY_BYTES
+        self._first = torch.empty(size, dtype=torch.uint8, device=self._mine.device)
         self._works = [
             dist.isend(first, peer, group=group, tag=tags[0]),
             dist.irecv(self._first, peer, group=group, tag=tags[1]),
@@ -88,8 +90,7 @@ class Transfer:
             w.wait()
         theirs = self._first[:HEADER_BYTES].view(torch.int64).tolist()
         check_peer(
-            self._op, self._mine.tolist(), theirs, self._layout, self._mine.device, self._peer, self._group,
-            self._tags, self._sent,
+            self._op, self._values, theirs, self._layout, self._mine.device, self._peer, self._group, self._tags, self._sent
         )
         works, finish = self._post() if self._post is not None else (self._sent, _nothing)
         for w in works:
@@ -123,10 +124,10 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
     data: list[torch.Tensor] = []
     if is_early(mode, layout.nbytes):
         first = torch.empty(HEADER_BYTES + layout.nbytes, dtype=torch.uint8, device=device)
-        first[:HEADER_BYTES].view(torch.int64).copy_(mine)
+        first[:HEADER_BYTES].view(torch.int64).copy_(mine[0])
         pack(layout, leaves, first[HEADER_BYTES:])
     else:
-        first = mine.view(torch.uint8)
+        first = mine[0].view(torch.uint8)
         if mode and layout.nbytes:
             data = [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))]
         elif not mode:
@@ -174,7 +175,7 @@ def _irecv(
 
         return works, finish
 
-    transfer = Transfer(op, layout, mine, mine.view(torch.uint8), src, group, channels, [], post)
+    transfer = Transfer(op, layout, mine, mine[0].view(torch.uint8), src, group, channels, [], post)
     return transfer
 
 

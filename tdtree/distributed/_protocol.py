@@ -96,13 +96,13 @@ def same_device(leaves: list[torch.Tensor]) -> bool:
     return all(x.device == leaves[0].device for x in leaves)
 
 
-def header(layout: Layout, consolidated: bool, op: str, device: torch.device) -> torch.Tensor:
-    """The header tensor (cached on the layout: it is only ever read)."""
+def header(layout: Layout, consolidated: bool, op: str, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """The header as a tensor and as values, cached on the layout (the tensor is only ever read)."""
     key = (consolidated, op, device)
     cached = layout.headers.get(key)
     if cached is None:
         values = [MAGIC, layout.fingerprint, int(consolidated), layout.nbytes, OPS[op]]
-        cached = layout.headers[key] = torch.tensor(values, dtype=torch.int64, device=device)
+        cached = layout.headers[key] = (torch.tensor(values, dtype=torch.int64, device=device), values)
     return cached
 
 
@@ -205,7 +205,7 @@ def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tags: tu
 def check_group(op: str, layout: Layout, consolidated: bool, device: torch.device, group: Any, ref: int) -> None:
     """All-gather the headers; return when every rank's equals rank ``ref``'s (a group rank), else raise
     on every rank the same error naming, for each differing rank, how it differs from ``ref``."""
-    mine = header(layout, consolidated, op, device)
+    mine, _ = header(layout, consolidated, op, device)
     world = dist.get_world_size(group)
     table = torch.empty(world * 5, dtype=torch.int64, device=device)
     dist.all_gather_single(table, mine, group=group)
