@@ -89,13 +89,14 @@ def all_reduce(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None, cons
 
 def _with_batch(layout: Layout, leaves: list[torch.Tensor], batch_size: torch.Size) -> Any:
     # the spec's batch sizes are the input's; rebuild rewrites them at every level
-    return rebuild(optree.tree_unflatten(layout.spec, leaves), lambda x: x, batch_size)
+    node: Node = optree.tree_unflatten(layout.spec, leaves)  # type: ignore[assignment]
+    return rebuild(node, lambda x: x, batch_size)
 
 
 def all_gather(td: Node, *, group: Any = None, consolidated: bool | None = None) -> Any:
     """Every rank's node stacked on a new leading batch dim: entry ``i`` comes from group rank ``i``.
 
-    The result (batch size ``(world_size, *td.batch_size)``, untagged) is what
+    The result (batch size ``(world_size, *td._meta[1])``, untagged) is what
     ``tdtree.stack([node of rank 0, node of rank 1, ...])`` would give, in the layout of
     ``torch.distributed.all_gather_single``; ``result.unbind(0)`` gives the list. ``td``
     is not changed. In consolidated mode the leaves are views of the one gathered buffer.
@@ -119,14 +120,14 @@ def all_gather(td: Node, *, group: Any = None, consolidated: bool | None = None)
             if x.numel():
                 dist.all_gather_single(t.view(-1), x.contiguous().view(-1), group=group)
             out.append(t)
-    return _with_batch(layout, out, torch.Size((world, *td.batch_size)))
+    return _with_batch(layout, out, torch.Size((world, *td._meta[1])))
 
 
 def reduce_scatter(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None) -> Any:
     """Entry ``rank`` of the reduction ``op`` over every rank's node; ``td`` has a leading batch dim of
     size ``world_size``.
 
-    The result is what ``all_reduce(td, op)[rank]`` would give (batch size ``td.batch_size[1:]``,
+    The result is what ``all_reduce(td, op)[rank]`` would give (batch size ``td._meta[1][1:]``,
     untagged), at a ``world_size``-th of the traffic: one ``reduce_scatter_single`` per leaf (gloo
     and nccl both have it; there is no consolidated mode here). ``td`` is not changed.
 
@@ -137,9 +138,9 @@ def reduce_scatter(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None) 
     layout, leaves, _, device = _plan(td, False)
     check_group("reduce_scatter", layout, False, device, group, 0)
     world = dist.get_world_size(group)
-    if not td.batch_size or td.batch_size[0] != world:
+    if not td._meta[1] or td._meta[1][0] != world:
         raise BatchSizeError(
-            f"reduce_scatter: the node's batch_size is {tuple(td.batch_size)}; its first dim must be the "
+            f"reduce_scatter: the node's batch_size is {tuple(td._meta[1])}; its first dim must be the "
             f"world size {world}, one entry per rank"
         )
     out = []
@@ -148,4 +149,4 @@ def reduce_scatter(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None) 
         if x.numel():
             dist.reduce_scatter_single(t.view(-1), x.contiguous().view(-1), op, group=group)
         out.append(t)
-    return _with_batch(layout, out, torch.Size(td.batch_size[1:]))
+    return _with_batch(layout, out, torch.Size(td._meta[1][1:]))

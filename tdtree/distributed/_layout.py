@@ -131,7 +131,8 @@ def layout_of(node: Node) -> tuple[Layout, list[torch.Tensor]]:
     """``node``'s layout (cached by structure) and its leaves in canonical order."""
     if not isinstance(node, Node):
         raise TypeError(f"tdtree.distributed sends nodes, got {type(node).__name__}")
-    leaves, spec = optree.tree_flatten(node, namespace=NAMESPACE)
+    leaves: list[torch.Tensor]
+    leaves, spec = optree.tree_flatten(node, namespace=NAMESPACE)  # type: ignore[arg-type]
     key = (spec, *[(x.shape, x.dtype) for x in leaves])
     layout = _CACHE.get(key)
     if layout is None:

@@ -65,11 +65,11 @@ class Transfer:
         # a receiver's first message is its header alone; a sender's may carry a small node
         size = HEADER_BYTES if tags[0] % 3 == 0 else HEADER_BYTES + EARLY_BYTES
         self._first = torch.empty(size, dtype=torch.uint8, device=self._mine.device)
-        self._works = [
+        self._works: list[Any] = [
             dist.isend(first, peer, group=group, tag=tags[0]),
             dist.irecv(self._first, peer, group=group, tag=tags[1]),
         ]
-        self._sent = [dist.isend(x, peer, group=group, tag=tags[2]) for x in data]
+        self._sent: list[Any] = [dist.isend(x, peer, group=group, tag=tags[2]) for x in data]
         self._post = post
         self._done = False
         self._result: Any = None

@@ -63,9 +63,11 @@ OPS = {"send": 1, "recv": 2, "recv_": 2, "broadcast": 3, "all_reduce": 4, "all_g
 _OP_NAMES = {1: "send", 2: "recv", 3: "broadcast", 4: "all_reduce", 5: "all_gather", 6: "reduce_scatter"}
 _MODES = {0: "per-leaf", 1: "consolidated"}
 
-# Measured with bench/distributed.py on the 2-core CI machine (gloo, loopback): one extra message
-# costs about 60 us, copying into a new buffer about 1 ns per byte (page faults included). So one
-# message saved pays for about 64 KiB copied.
+# Measured with bench/distributed.py on the 2-core dev machine (gloo, loopback, other jobs running):
+# per-leaf round trips of 10 small leaves took ~2.0 ms against ~0.9 ms packed, so one message costs
+# about 60 us; 64 MB packed took ~180 ms against ~100 ms per leaf, so packing (into a new buffer,
+# page faults included) costs about 0.6 ns per byte. A message saved pays for ~95 KB of copying;
+# 64 KiB leans towards per-leaf, which copies nothing.
 BYTES_PER_MESSAGE = 64 * 1024
 
 
@@ -197,7 +199,7 @@ def check_peer(
 
 
 def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tags: tuple[int, int, int]) -> None:
-    works = [dist.isend(out, peer, group=group, tag=tags[0]), dist.irecv(into, peer, group=group, tag=tags[1])]
+    works: list[Any] = [dist.isend(out, peer, group=group, tag=tags[0]), dist.irecv(into, peer, group=group, tag=tags[1])]
     for w in works:
         w.wait()
 
