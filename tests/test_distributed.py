@@ -163,15 +163,17 @@ def p2p_large(rank: int, world: int, group: Any) -> dict[Any, Any]:
 
 
 def recv_into_shared_and_memmap(rank: int, world: int, group: Any) -> dict[Any, Any]:
-    """recv_ into a shared node and into a memmapped one keeps their type, tags and storages."""
+    """recv_ into a shared node, a memmapped one and a plain one with a non-contiguous leaf keeps
+    their type, tags and storages."""
     got = {}
     for mode in MODES:
-        for kind in ("shared", "memmap"):
+        for kind in ("shared", "memmap", "plain"):
             if rank == 0:
                 ttd.send(nested(3), 1, consolidated=mode)
                 continue
             with tempfile.TemporaryDirectory() as tmp:
-                into = nested(0).share_memory() if kind == "shared" else nested(0).memmap(f"{tmp}/node")
+                into = {"shared": nested(0).share_memory, "memmap": lambda: nested(0).memmap(f"{tmp}/node"),
+                        "plain": lambda: nested(0)}[kind]()
                 kind_before, ptrs = type(into), _storages(into)
                 out = ttd.recv_(into, 0, consolidated=mode)
                 shared = all(x.is_shared() for x in tt.tree.leaves(into) if x.numel()) if kind == "shared" else True
@@ -362,7 +364,7 @@ def test_recv_into_keeps_type_tags_and_storages(results: list[dict[str, Any]]) -
         where = f"mode {mode}, {kind}"
         assert returned_self and same_type and same_storages and shared, where
         assert_equal(values, nested(3), check_tags=False)
-    assert len(got) == 6
+    assert len(got) == 9
 
 
 def _expected_collectives(world: int) -> dict[str, tt.TensorDict]:

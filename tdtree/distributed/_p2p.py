@@ -100,8 +100,9 @@ class Transfer:
         return self._result
 
 
-def _mode(layout: Layout, leaves: list[torch.Tensor], consolidated: bool | None) -> bool:
-    return choose(layout, consolidated) and same_device(leaves)
+def _mode(node: Node, layout: Layout, leaves: list[torch.Tensor], consolidated: bool | None) -> bool:
+    # a node with a device has every leaf there; only device-less nodes need the look
+    return choose(layout, consolidated) and (node._meta[2] is not None or same_device(leaves))
 
 
 def _nothing() -> None:
@@ -118,7 +119,7 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
     A transfer uses the tags ``3 * tag`` to ``3 * tag + 2`` (see :func:`._protocol.tags`).
     """
     layout, leaves = layout_of(td)
-    mode = _mode(layout, leaves, consolidated)
+    mode = _mode(td, layout, leaves, consolidated)
     device = device_of(leaves)
     mine = header(layout, mode, "send", device)
     data: list[torch.Tensor] = []
@@ -139,7 +140,7 @@ def _irecv(
     op: str, like: Node, src: int, group: Any, tag: int, consolidated: bool | None, into: Node | None
 ) -> Transfer:
     layout, leaves = layout_of(like)
-    mode = _mode(layout, leaves, consolidated)
+    mode = _mode(like, layout, leaves, consolidated)
     device = device_of(leaves)
     mine = header(layout, mode, op, device)
     channels = tags(op, tag)
