@@ -52,6 +52,8 @@ class TensorDict(Node):
     """
 
     __slots__ = ()
+    # Set in the body, not after: registration (pytree names, tagged variants) happens at class creation.
+    __module__ = "tdtree"
 
     def __init__(
         self,
@@ -558,5 +560,3 @@ class TensorDict(Node):
 
         return memmap(self, prefix, existsok)
 
-
-TensorDict.__module__ = "tdtree"
