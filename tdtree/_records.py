@@ -12,7 +12,10 @@ import collections
 import dataclasses
 import functools
 import keyword
+from collections.abc import Mapping
 from typing import Any
+
+import torch
 
 from . import _keyops
 from ._base import Node
@@ -29,13 +32,25 @@ def _is_namedtuple(obj: object) -> bool:
     return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
 
 
-def _fields(obj: Any) -> dict[str, Any]:
+def _fields(obj: Any, path: tuple[str, ...] = ()) -> dict[str, Any]:
     """``obj``'s fields as a dict, nested records as nested dicts."""
     if _is_dataclass(obj):
         pairs = [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
     else:
         pairs = list(obj._asdict().items())
-    return {k: _fields(v) if _is_dataclass(v) or _is_namedtuple(v) else v for k, v in pairs}
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if _is_dataclass(value) or _is_namedtuple(value):
+            out[key] = _fields(value, (*path, key))
+        elif isinstance(value, (torch.Tensor, Node, Mapping)):
+            out[key] = value
+        else:
+            # Checked here so the message names the whole field path (from_dict names the last part).
+            raise TypeError(
+                f"field {display((*path, key))!r} of {type(obj).__name__} is a {type(value).__name__}; "
+                "fields are tensors, nodes, mappings or records (wrap numbers with torch.as_tensor)"
+            )
+    return out
 
 
 def from_dataclass(root: type, obj: Any, batch_size: Any = None, device: Any = None) -> Node:
