@@ -23,7 +23,9 @@ it is file-backed, so such a tensordict gets no ``Memmap`` tag.
 
 Going out, ``Locked`` locks the tensordict, and a locked ``Shared`` or
 ``Memmap`` node sets tensordict's matching flag (tensordict only keeps those
-flags on locked tensordicts; an unlocked one maps back by storage).
+flags on locked tensordicts; an unlocked one maps back by storage, except a
+node with no leaf holding data, which has nothing to check and comes back
+untagged).
 """
 
 from __future__ import annotations
