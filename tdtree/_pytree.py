@@ -100,7 +100,7 @@ def register(cls: type) -> None:
         from_dumpable_context=from_dumpable,
         flatten_with_keys_fn=_torch_flatten_with_keys,
     )
-    if not cls._tags:
+    if "_tags" not in cls.__dict__:  # a root type; its variants set their own tags
         from ._tags import Locked, Memmap, Shared, tagged_type
 
         every = (Locked, Memmap, Shared)
