@@ -19,7 +19,9 @@ A storage decides only where it can tell: zero-byte storages never decide, and
 for ``Shared`` neither do CUDA storages (``is_shared()`` is always True there).
 When no leaf decides, tensordict's flag does. ``memmap_()`` without a prefix
 maps an unlinked file through Python's ``mmap``; torch's storage does not know
-it is file-backed, so such a tensordict gets no ``Memmap`` tag.
+it is file-backed, so such a tensordict gets no ``Memmap`` tag. A ``Memmap``
+node whose files tdtree did not write cannot pickle by reference (a
+MemmapError says so); ``node.memmap(prefix)`` writes tdtree's layout.
 
 Going out, ``Locked`` locks the tensordict, and a locked ``Shared`` or
 ``Memmap`` node sets tensordict's matching flag (tensordict only keeps those

@@ -6,6 +6,7 @@ import builtins
 import collections
 import dataclasses
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -161,6 +162,9 @@ def test_tensordict_memmap_maps_to_memmap(tmp_path: Any) -> None:
     assert_equal(node.unlock().clone(), CORPUS["nested"], check_tags=False)
     back = tt.to_tensordict(node)
     assert back.is_memmap() and not back.is_shared() and back.is_locked
+    with pytest.raises(tt.errors.MemmapError, match="cannot pickle a Memmap node"):
+        pickle.dumps(node)
+    assert_equal(pickle.loads(pickle.dumps(node.unlock().clone())), CORPUS["nested"])
 
 
 @needs_tensordict
