@@ -15,9 +15,9 @@ shared memory). Going in, a node is
   is not ``Memmap`` (file-backed storages count as shared too; tensordict and
   tdtree both keep the two apart).
 
-A storage decides only where it can tell: zero-byte storages never decide, and
-for ``Shared`` neither do CUDA storages (``is_shared()`` is always True there).
-When no leaf decides, tensordict's flag does. ``memmap_()`` without a prefix
+Zero-byte storages hold no data and never decide; when no leaf holds data,
+tensordict's flag decides. CUDA storages are always shared (torch's and
+tensordict's ``is_shared()`` agree), so a tensordict on CUDA maps to ``Shared``. ``memmap_()`` without a prefix
 maps an unlinked file through Python's ``mmap``; torch's storage does not know
 it is file-backed, so such a tensordict gets no ``Memmap`` tag. A ``Memmap``
 node whose files tdtree did not write cannot pickle by reference (a
@@ -116,11 +116,10 @@ def _tags_of(td: Any, node: Node) -> frozenset:
     tags = set()
     if td.is_locked:
         tags.add(Locked)
-    memmap = all(map(_file_backed, storages)) if storages else td.is_memmap()
-    on_cpu = [s for s in storages if s.device.type == "cpu"]
-    if memmap:
+    if all(map(_file_backed, storages)) if storages else td.is_memmap():
         tags.add(Memmap)
-    elif all(s.is_shared() for s in on_cpu) if on_cpu else td.is_shared():
+        return frozenset(tags)
+    if all(s.is_shared() for s in storages) if storages else td.is_shared():
         tags.add(Shared)
     return frozenset(tags)
 

@@ -329,6 +329,8 @@ def test_export_save_load_of_a_td_module_gives_identical_outputs(tmp_path: Any) 
     assert_equal(loaded(td), eager)
     assert_equal(loaded(other), model(other))
     assert loaded(td)["next", "reward"] is td["next", "reward"]
+    with pytest.raises(ValueError, match="tree spec"):  # batch_size is static structure
+        loaded(tt.TensorDict({"obs": torch.randn(6, 3), "next": {"reward": torch.ones(6, 1)}}, [6]))
 
 
 def test_exported_program_with_a_tagged_output_loads_in_a_fresh_process(tmp_path: Any) -> None:
