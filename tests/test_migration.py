@@ -293,3 +293,12 @@ def test_device_is_inferred_where_tensordict_keeps_none() -> None:
     assert td.device is None
     assert node.device == torch.device("cpu")
     assert tt.from_tensordict(td).device == torch.device("cpu")
+
+
+def test_only_tensors_are_leaves() -> None:
+    td = TensorDict({"obs": torch.zeros(2), "name": "cartpole"}, batch_size=[2])
+    assert td["name"] == "cartpole"
+    with pytest.raises(TypeError, match="'name' is a str"):
+        tt.TensorDict({"obs": torch.zeros(2), "name": "cartpole"}, batch_size=[2])
+    with pytest.raises(TypeError, match="'name' is tensordict non-tensor data"):
+        tt.from_tensordict(td)
