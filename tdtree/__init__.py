@@ -26,6 +26,8 @@ from ._serialize import save as save
 # tensorclass (issue 7)
 
 # interop with tensordict and records (issue 10)
+from .interop import from_tensordict as from_tensordict
+from .interop import to_tensordict as to_tensordict
 
 # vmap
 from ._vmap import vmap as vmap

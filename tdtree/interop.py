@@ -1,0 +1,201 @@
+"""Conversion to and from tensordict: :func:`from_tensordict` and :func:`to_tensordict`.
+
+Both directions keep keys, nesting, batch sizes, the device and the very same
+tensor objects (nothing is copied). tensordict is optional: it is imported on
+the first call, and its absence raises an ImportError that says how to install it.
+
+Tags map by storage, not by tensordict's flags, because the flags drift
+(tensordict's ``unlock_()`` clears ``is_shared()`` while the leaves stay in
+shared memory). Going in, a node is
+
+* ``Locked`` when the tensordict is locked;
+* ``Memmap`` when every leaf holding data is file-backed (the storage has a
+  file name, or tdtree mapped it from a memmap file);
+* ``Shared`` when every leaf holding data lives in shared memory and the node
+  is not ``Memmap`` (file-backed storages count as shared too; tensordict and
+  tdtree both keep the two apart).
+
+Zero-byte storages hold no data and never decide; when no leaf holds data,
+tensordict's flag decides. CUDA storages are always shared (torch's and
+tensordict's ``is_shared()`` agree), so a tensordict on CUDA maps to ``Shared``. ``memmap_()`` without a prefix
+maps an unlinked file through Python's ``mmap``; torch's storage does not know
+it is file-backed, so such a tensordict gets no ``Memmap`` tag. A ``Memmap``
+node whose files tdtree did not write cannot pickle by reference (a
+MemmapError says so); ``node.memmap(prefix)`` writes tdtree's layout.
+
+Going out, ``Locked`` locks the tensordict, and a locked ``Shared`` or
+``Memmap`` node sets tensordict's matching flag (tensordict only keeps those
+flags on locked tensordicts; an unlocked one maps back by storage, except a
+node with no leaf holding data, which has nothing to check and comes back
+untagged).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from ._base import Node
+from ._keys import display
+from ._memmap import _ORIGIN
+from ._node import TensorDict
+from ._tags import Locked, Memmap, Shared, retag
+from ._validate import as_batch_size, build
+
+__all__ = ["from_tensordict", "to_tensordict"]
+
+
+def _require(what: str) -> ModuleType:
+    try:
+        import tensordict
+    except ImportError as err:
+        raise ImportError(
+            f"tdtree.{what} needs the optional tensordict package: pip install tensordict"
+        ) from err
+    return tensordict
+
+
+def _unwrap(obj: Any, tensordict: ModuleType, path: tuple[str, ...]) -> Any:
+    """The tensordict holding ``obj``'s entries: the dispatch point for collection types.
+
+    A tdtree tensorclass branch goes here once that type exists.
+    """
+    if tensordict.is_non_tensor(obj):
+        where = f"entry {display(path)!r}" if path else "the input"
+        raise TypeError(
+            f"{where} is tensordict non-tensor data; tdtree nodes hold tensors only: exclude it first"
+        )
+    if tensordict.is_tensorclass(obj):
+        # A tensorclass keeps its fields in this tensordict; to_tensordict() would copy them.
+        return obj._tensordict
+    if isinstance(obj, tensordict.TensorDict):
+        return obj
+    where = f"entry {display(path)!r}" if path else "the input"
+    raise TypeError(
+        f"{where} is a {type(obj).__name__}; from_tensordict takes a tensordict.TensorDict or a "
+        "tensorclass instance (convert lazy stacks and other collections with .to_tensordict(), a copy)"
+    )
+
+
+def _convert(td: Any, tensordict: ModuleType, path: tuple[str, ...]) -> Node:
+    data: dict[str, Any] = {}
+    for key, value in td.items():
+        if isinstance(value, torch.Tensor):
+            data[key] = value
+        elif tensordict.is_tensor_collection(value):
+            data[key] = _convert(_unwrap(value, tensordict, (*path, key)), tensordict, (*path, key))
+        else:
+            raise TypeError(
+                f"entry {display((*path, key))!r} is a {type(value).__name__}; tdtree nodes hold tensors only"
+            )
+    return build(TensorDict, data, as_batch_size(td.batch_size), td.device, path)
+
+
+def _storages(node: Node) -> list[torch.UntypedStorage]:
+    """The storages of ``node``'s leaves that hold data."""
+    out = []
+    for value in node._data.values():
+        if isinstance(value, Node):
+            out += _storages(value)
+        else:
+            storage = value.untyped_storage()
+            if storage.nbytes():
+                out.append(storage)
+    return out
+
+
+def _file_backed(storage: torch.UntypedStorage) -> bool:
+    # tdtree's read-only memmaps are private mappings, which keep no file name.
+    return storage.filename is not None or storage.data_ptr() in _ORIGIN
+
+
+def _tags_of(td: Any, node: Node) -> frozenset:
+    storages = _storages(node)
+    tags = set()
+    if td.is_locked:
+        tags.add(Locked)
+    if all(map(_file_backed, storages)) if storages else td.is_memmap():
+        tags.add(Memmap)
+        return frozenset(tags)
+    if all(s.is_shared() for s in storages) if storages else td.is_shared():
+        tags.add(Shared)
+    return frozenset(tags)
+
+
+def from_tensordict(td: Any, /) -> TensorDict:
+    """A tdtree node holding the same tensors as the tensordict (or tensorclass instance) ``td``.
+
+    Args:
+        td: a ``tensordict.TensorDict`` or a tensordict tensorclass instance;
+            nested tensordicts and tensorclasses become nested nodes.
+
+    Returns:
+        A node with the same keys (in canonical sorted order), nesting,
+        batch sizes and tensor objects (``node["a"] is td["a"]``). Its device
+        is tensordict's when set, else the device all leaves share (tdtree's
+        rule), else None. Tags as the module docstring says, decided by
+        storage and applied to every sub-node. Dim names are dropped.
+
+    Raises:
+        ImportError: tensordict is not installed.
+        TypeError: an entry is non-tensor data, or a collection other than a
+            TensorDict or tensorclass (a lazy stack), naming the key.
+
+    >>> import torch, tensordict, tdtree as tt
+    >>> x = torch.zeros(2, 3)
+    >>> node = tt.from_tensordict(tensordict.TensorDict({"x": x}, [2]).lock_())
+    >>> node["x"] is x, sorted(t.name for t in node.tags)
+    (True, ['Locked'])
+    """
+    tensordict = _require("from_tensordict")
+    source = _unwrap(td, tensordict, ())
+    node = _convert(source, tensordict, ())
+    return retag(node, _tags_of(source, node))
+
+
+def _build(node: Node, tensordict: ModuleType, shared: bool, memmap: bool) -> Any:
+    data = {
+        k: _build(v, tensordict, shared, memmap) if isinstance(v, Node) else v for k, v in node._data.items()
+    }
+    _, batch_size, device, _ = node._meta
+    # The trusted constructor: the node was validated when it was built, and it
+    # is tensordict's only way to mark leaves already in shared memory or in
+    # files as such without copying them.
+    return tensordict.TensorDict._new_unsafe(
+        source=data, batch_size=batch_size, device=device, nested=False, is_shared=shared, is_memmap=memmap
+    )
+
+
+def to_tensordict(node: Node, /) -> Any:
+    """A ``tensordict.TensorDict`` holding the same tensors as ``node``.
+
+    Args:
+        node: a tdtree node.
+
+    Returns:
+        A tensordict with the same keys (in the node's sorted order), nesting,
+        batch sizes, device and tensor objects. ``Locked`` locks it; a locked
+        ``Memmap`` node sets ``is_memmap()``, a locked ``Shared`` one (not
+        ``Memmap``) ``is_shared()``.
+
+    Raises:
+        ImportError: tensordict is not installed.
+        TypeError: ``node`` is not a node.
+
+    >>> import torch, tdtree as tt
+    >>> x = torch.zeros(2, 3)
+    >>> td = tt.to_tensordict(tt.TensorDict({"x": x}, [2]).lock())
+    >>> td["x"] is x, td.is_locked
+    (True, True)
+    """
+    tensordict = _require("to_tensordict")
+    if not isinstance(node, Node):
+        raise TypeError(f"to_tensordict takes a tdtree node, got {type(node).__name__}")
+    tags = node._meta[3]
+    locked = Locked in tags
+    memmap = locked and Memmap in tags
+    shared = locked and Shared in tags and not memmap
+    out = _build(node, tensordict, shared, memmap)
+    return out.lock_() if locked else out
