@@ -70,7 +70,8 @@ def _layout(rec: object, corrupt: Callable[[str], Exception]) -> Layout:
             f"unknown tensorclass {rec.get('class')!r}: import the module that defines it before "
             "loading (a memmap file never imports code)"
         )
-    static, nested = [], []
+    static: list[tuple[str, Any]] = []
+    nested: list[tuple[str, Any]] = []
     for pairs, out, convert in (
         (rec["static"], static, lambda k, v: _decode(cls, k, v, corrupt)),
         (rec["nested"], nested, lambda k, v: _layout(v, corrupt)),

@@ -40,6 +40,7 @@ from ._node import TensorDict
 from ._pytree import NAMESPACE, _check_children
 from ._tags import tag_rule, tagged_type
 from ._tcops import RecordOps
+from ._validate import as_batch_size, as_device, build
 from .errors import BatchSizeError, FieldError
 
 __all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "rewrap", "layout", "from_layout", "registered"]
@@ -51,7 +52,7 @@ STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
 _REGISTRY: dict[str, type] = {}
 
 
-def registered(name: object) -> type | None:
+def registered(name: object) -> Any:
     """The tensorclass made under the import path ``name`` (the latest one made), or None."""
     return _REGISTRY.get(name) if type(name) is str else None
 
@@ -73,6 +74,7 @@ class TensorClassMeta(type):
     registered with both pytree registries."""
 
     _fields: tuple[str, ...]
+    _fieldset: frozenset[str]
     _defaults: dict[str, Any]
     _path: str
 
@@ -104,6 +106,7 @@ class TensorClassMeta(type):
         ns["__slots__"] = (*ns.get("__slots__", ()), *(f for f in own if f not in inherited))
         cls = super().__new__(mcls, name, bases, ns, **kwargs)
         cls._fields = tuple(fields)
+        cls._fieldset = frozenset(fields)
         cls._defaults = defaults
         if reserved:
             _register(cls)
@@ -114,7 +117,7 @@ def _register(cls: Any) -> None:
     cls._path = f"{cls.__module__}.{cls.__qualname__}"
     _REGISTRY[cls._path] = cls
 
-    def unflatten(context: tuple, children: Any) -> Any:
+    def unflatten(context: Any, children: Any) -> Any:
         return _from_pytree(cls, context, children)
 
     def torch_unflatten(children: Any, context: tuple) -> Any:
@@ -147,10 +150,10 @@ def _torch_flatten_with_keys(tc: Any) -> tuple[list[tuple[Any, Any]], tuple]:
     return [(torch_pytree.GetAttrKey(k), getattr(tc, k)) for k in meta[0]], (meta, tc._static)
 
 
-def _from_pytree(cls: type, context: tuple, children: list[Any]) -> Any:
+def _from_pytree(cls: Any, context: tuple, children: list[Any]) -> Any:
     meta, static = context
     td = from_meta(tagged_type(TensorDict, meta[3]), meta, [c._td if isinstance(c, TensorClass) else c for c in children])
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     object.__setattr__(obj, "_td", td)
     object.__setattr__(obj, "_static", static)
     for k, c in zip(meta[0], children):
@@ -210,19 +213,27 @@ def _hints(cls: Any) -> dict[str, Any]:
     return hints
 
 
-def _accepts(hint: Any, value: object) -> bool:
-    if hint is Any or hint is object:
-        return True
+def _accepted(hint: Any) -> tuple[type, ...] | None:
+    """The types a field annotated ``hint`` takes (for one isinstance), or None for no check."""
     if hint is None or hint is type(None):
-        return value is None
+        return (type(None),)
     origin = typing.get_origin(hint)
     if origin is typing.Union or origin is types.UnionType:
-        return any(_accepts(arg, value) for arg in typing.get_args(hint))
-    if not isinstance(hint, type):
-        return True  # generics, literals, type variables: the kind check below still applies
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, hint)
+        parts = [_accepted(arg) for arg in typing.get_args(hint)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)  # type: ignore[union-attr]
+    if hint is Any or hint is object or not isinstance(hint, type):
+        return None  # Any, generics, literals, type variables: the kind check still applies
+    return (float, int) if hint is float else (hint,)
+
+
+def _checks(cls: Any) -> tuple[tuple[str, tuple[type, ...] | None, Any], ...]:
+    """Per field: its name, the types it takes, its annotation; made on first construction."""
+    checks = cls.__dict__.get("_checks")
+    if checks is None:
+        hints = _hints(cls)
+        checks = tuple((name, _accepted(hints.get(name, Any)), hints.get(name, Any)) for name in cls._fields)
+        type.__setattr__(cls, "_checks", checks)
+    return checks
 
 
 def _hint_name(hint: Any) -> str:
@@ -230,19 +241,20 @@ def _hint_name(hint: Any) -> str:
 
 
 def _split(cls: Any, values: dict[str, Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
-    """The data entries (for the inner node) and the static pairs of ``values``, checked."""
-    hints = _hints(cls)
+    """The data entries (for the inner node) and the static pairs of ``values``, checked.
+
+    KeyError when ``values`` lacks a field (the caller binds first, or falls back to binding).
+    """
     data: dict[str, Any] = {}
     static: list[tuple[str, Any]] = []
-    for name in cls._fields:
+    for name, accepted, hint in cls.__dict__.get("_checks") or _checks(cls):
         value = values[name]
-        hint = hints.get(name, Any)
-        if not _accepts(hint, value):
+        if accepted is not None and not isinstance(value, accepted):
             raise FieldError(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
-        if isinstance(value, TensorClass):
-            data[name] = value._td
-        elif isinstance(value, (torch.Tensor, Node)):
+        if isinstance(value, torch.Tensor) or isinstance(value, Node):
             data[name] = value
+        elif isinstance(value, TensorClass):
+            data[name] = value._td
         elif isinstance(value, STATIC_TYPES):
             static.append((name, value))
         else:
@@ -295,10 +307,10 @@ def _fill(obj: Any, td: TensorDict, static: tuple[tuple[str, Any], ...], values:
 def construct(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: Any, device: Any) -> None:
     """The public constructor's work: bind, check every field, validate batch prefixes once."""
     cls = type(obj)
-    values = _bind(cls, args, kwargs)
+    values = _bind(cls, args, kwargs) if args or kwargs.keys() != cls._fieldset else kwargs
     data, static = _split(cls, values)
     try:
-        td = TensorDict(data, batch_size, device)
+        td = build(TensorDict, data, as_batch_size(batch_size), as_device(device))
     except BatchSizeError as err:
         raise BatchSizeError(f"{cls.__name__}: {err}") from None
     _fill(obj, td, static, values)
@@ -363,7 +375,7 @@ def _tensorclass_in(hint: Any) -> Any:
 
 # -- layouts: what a tensorclass adds to its inner node (pickle and memmap) -------------------
 
-Layout = tuple[type, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]
+Layout = tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]
 
 
 def layout(tc: Any) -> Layout:
@@ -382,10 +394,10 @@ def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) 
     extra = [k for k in entries if k not in fields]
     if extra:
         raise error(f"{cls.__name__} has no field {extra[0]!r}")
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     object.__setattr__(obj, "_td", td)
     object.__setattr__(obj, "_static", tuple(static))
-    for name in fields:
+    for name, accepted, hint in _checks(cls):
         if name in subs:
             if not isinstance(entries.get(name), TensorDict):
                 raise error(f"{cls.__name__}.{name} is a nested tensorclass but the node holds no sub-node there")
@@ -398,6 +410,8 @@ def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) 
                 raise error(f"{cls.__name__}.{name} holds a {type(value).__name__}, not a static value")
         else:
             raise error(f"{cls.__name__}.{name} is missing")
+        if accepted is not None and not isinstance(value, accepted):
+            raise error(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
         object.__setattr__(obj, name, value)
     return obj
 
