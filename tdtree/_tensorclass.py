@@ -46,6 +46,7 @@ from .errors import BatchSizeError, FieldError
 __all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "rewrap", "layout", "from_layout", "registered"]
 
 STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
+_DATA = (torch.Tensor, Node)
 
 # import path -> class, for every tensorclass made; a memmap directory names its class by
 # this path and is loaded back only as a class listed here (nothing is ever imported).
@@ -251,7 +252,7 @@ def _split(cls: Any, values: dict[str, Any]) -> tuple[dict[str, Any], tuple[tupl
         value = values[name]
         if accepted is not None and not isinstance(value, accepted):
             raise FieldError(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
-        if isinstance(value, torch.Tensor) or isinstance(value, Node):
+        if isinstance(value, _DATA):
             data[name] = value
         elif isinstance(value, TensorClass):
             data[name] = value._td
@@ -294,14 +295,10 @@ def _fill(obj: Any, td: TensorDict, static: tuple[tuple[str, Any], ...], values:
     object.__setattr__(obj, "_static", static)
     entries = td._data
     for name, value in values.items():
-        if name in entries:
-            entry = entries[name]
-            if isinstance(value, TensorClass):
-                if entry is not value._td:
-                    value = rewrap(value, entry)
-            else:
-                value = entry
-        object.__setattr__(obj, name, value)
+        entry = entries.get(name, value)  # a static value, or the leaf or node as the inner node holds it
+        if entry is not value and isinstance(value, TensorClass):
+            entry = value if entry is value._td else rewrap(value, entry)
+        object.__setattr__(obj, name, entry)
 
 
 def construct(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: Any, device: Any) -> None:
