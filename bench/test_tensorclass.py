@@ -85,7 +85,7 @@ def test_tc_init_nested(benchmark, impl: Impl) -> None:
 
 
 def test_tc_init_many_fields(benchmark, impl: Impl) -> None:
-    cls = ManyFields if impl.name == "tdtree" else TDManyFields
+    cls: Any = ManyFields if impl.name == "tdtree" else TDManyFields
     z = torch.zeros(())
     kwargs = {f"f{i}": z for i in range(10)}
     out = benchmark(lambda: cls(**kwargs))

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import enum
+from typing import assert_type
 
 import torch
 
@@ -42,16 +43,17 @@ def discounted(step: Step, gamma: float) -> Step:
 
 def main() -> None:
     step = make_step(8)
-    first: Step = step[0]
-    halves: tuple[Step, ...] = step.split(4)
-    pair: Step = tt.stack([step, discounted(step, 0.5)], dim=0)
-    moved: Step = step.to(torch.float64).clone().reshape(2, 4)
-    size: torch.Size = moved.batch_size
-    position: torch.Tensor = pair.obs.position
-    phase: Phase = first.phase
-    episode: int = step.episode + 1
-    locked: Step = step.lock()
-    back: Step = Step.from_tensordict(locked.unlock().to_tensordict(), phase=Phase.EVAL)
+    # assert_type fails under mypy when a method's result is not exactly the class (Any included)
+    first = assert_type(step[0], Step)
+    halves = assert_type(step.split(4), tuple[Step, ...])
+    pair = assert_type(tt.stack([step, discounted(step, 0.5)], dim=0), Step)
+    moved = assert_type(step.to(torch.float64).clone().reshape(2, 4), Step)
+    size = assert_type(moved.batch_size, torch.Size)
+    position = assert_type(pair.obs.position, torch.Tensor)
+    phase = assert_type(first.phase, Phase)
+    episode = assert_type(step.episode + 1, int)
+    locked = assert_type(step.lock().apply(lambda t: t), Step)
+    back = assert_type(Step.from_tensordict(locked.unlock().to_tensordict(), phase=Phase.EVAL), Step)
     print(size, position.shape, phase, episode, len(halves), back.phase, (step + 1).reward[0].item())
 
 

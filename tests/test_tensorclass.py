@@ -7,6 +7,7 @@ import enum
 import json
 import os
 import pickle
+import runpy
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -507,3 +508,9 @@ def test_compile_takes_and_returns_a_tensorclass(fresh_dynamo):
     out = torch.compile(step, fullgraph=True, backend="aot_eager")(obs)
     expected = step(obs)
     assert_same_record(out, expected, expected.to_tensordict())
+
+
+def test_typed_example_runs(capsys):
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "typed_tensorclass.py")
+    runpy.run_path(path, run_name="__main__")
+    assert "Phase.EVAL" in capsys.readouterr().out
