@@ -241,28 +241,41 @@ def _hint_name(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 
+def _split_one(cls: Any, name: str, value: Any, check: tuple[str, Any, Any]) -> tuple[Any, Any]:
+    """``(entry for the inner node, None)`` for a data value, ``(None, value)`` for a static one."""
+    _, accepted, hint = check
+    if accepted is not None and not isinstance(value, accepted):
+        raise FieldError(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
+    if isinstance(value, _DATA):
+        return value, None
+    if isinstance(value, TensorClass):
+        return value._td, None
+    if isinstance(value, STATIC_TYPES):
+        return None, value
+    raise FieldError(
+        f"{cls.__name__}.{name} is a {type(value).__name__}: a field holds a tensor, a TensorDict, "
+        "a tensorclass, or a static str, int, float, bool, None or enum member"
+    )
+
+
 def _split(cls: Any, values: dict[str, Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
     """The data entries (for the inner node) and the static pairs of ``values``, checked.
 
-    KeyError when ``values`` lacks a field (the caller binds first, or falls back to binding).
+    KeyError when ``values`` lacks a field (the caller binds first).
     """
     data: dict[str, Any] = {}
     static: list[tuple[str, Any]] = []
-    for name, accepted, hint in cls.__dict__.get("_checks") or _checks(cls):
+    for check in cls.__dict__.get("_checks") or _checks(cls):
+        name = check[0]
         value = values[name]
-        if accepted is not None and not isinstance(value, accepted):
-            raise FieldError(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
-        if isinstance(value, _DATA):
-            data[name] = value
-        elif isinstance(value, TensorClass):
-            data[name] = value._td
-        elif isinstance(value, STATIC_TYPES):
-            static.append((name, value))
+        if isinstance(value, _DATA) and (check[1] is None or isinstance(value, check[1])):
+            data[name] = value  # the common case, checked inline
+            continue
+        entry, plain = _split_one(cls, name, value, check)
+        if entry is not None:
+            data[name] = entry
         else:
-            raise FieldError(
-                f"{cls.__name__}.{name} is a {type(value).__name__}: a field holds a tensor, a TensorDict, "
-                "a tensorclass, or a static str, int, float, bool, None or enum member"
-            )
+            static.append((name, plain))
     return data, tuple(static)
 
 
@@ -320,20 +333,30 @@ def _rebuilt(old: TensorDict, data: dict[str, Any]) -> TensorDict:
 
 
 def replaced(tc: Any, changes: dict[str, Any]) -> Any:
-    """``tc`` with the fields in ``changes`` replaced (checked as in the constructor); tags by the rule."""
+    """``tc`` with the fields in ``changes`` replaced (each checked as in the constructor, the others
+    not again); the inner node is edited with ``set``/``exclude``, so tags follow the rule."""
     cls = type(tc)
-    values = {name: getattr(tc, name) for name in cls._fields}
+    checks = cls.__dict__.get("_checks") or _checks(cls)
+    fields = cls._fields
+    statics = dict(tc._static)
+    td = tc._td
     for name, value in changes.items():
-        if name not in values:
-            raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(cls._fields)}")
-        values[name] = value
-    data, static = _split(cls, values)
-    try:
-        td = _rebuilt(tc._td, data)
-    except BatchSizeError as err:
-        raise BatchSizeError(f"{cls.__name__}.replace: {err}") from None
+        if name not in cls._fieldset:
+            raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(fields)}")
+        data, static = _split_one(cls, name, value, checks[fields.index(name)])
+        if data is None:
+            statics[name] = static
+            if name in td._data:
+                td = td.exclude(name)
+            continue
+        statics.pop(name, None)
+        try:
+            td = td.set(name, data)
+        except BatchSizeError as err:
+            raise BatchSizeError(f"{cls.__name__}.replace: {err}") from None
     obj = object.__new__(cls)
-    _fill(obj, td, static, values)
+    values = {name: changes[name] if name in changes else getattr(tc, name) for name in fields}
+    _fill(obj, td, tuple((name, statics[name]) for name in fields if name in statics), values)
     return obj
 
 
