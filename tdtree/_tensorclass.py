@@ -88,13 +88,12 @@ class TensorClassMeta(type):
                     inherited.append(f)
             defaults.update(getattr(base, "_defaults", {}))
         own = [n for n, a in ns.get("__annotations__", {}).items() if not _is_classvar(a)]
-        reserved = [b for b in bases if isinstance(b, TensorClassMeta)]
+        tc_bases = [b for b in bases if isinstance(b, TensorClassMeta)]
         for f in own:
-            if f.startswith("_") or any(hasattr(b, f) and f not in getattr(b, "_fields", ()) for b in reserved):
-                raise FieldError(
-                    f"{name}: field {f!r} {'starts with an underscore' if f.startswith('_') else 'is the name of a tensorclass attribute or method'}; "
-                    "rename the field"
-                )
+            if f.startswith("_"):
+                raise FieldError(f"{name}: field {f!r} starts with an underscore; rename the field")
+            if any(hasattr(b, f) and f not in b._fields for b in tc_bases):
+                raise FieldError(f"{name}: field {f!r} is the name of a tensorclass attribute or method; rename the field")
             if f in ns:
                 defaults[f] = ns.pop(f)
         fields = inherited + [f for f in own if f not in inherited]
@@ -109,7 +108,7 @@ class TensorClassMeta(type):
         cls._fields = tuple(fields)
         cls._fieldset = frozenset(fields)
         cls._defaults = defaults
-        if reserved:
+        if tc_bases:  # TensorClass itself is no tensorclass
             _register(cls)
         return cls
 

@@ -76,7 +76,9 @@ def assert_same_record(out: Any, template: Any, expected_td: TensorDict) -> None
     """``out`` is ``template``'s class with its static fields and nested classes, holding ``expected_td``."""
     assert type(out) is type(template)
     assert statics(out) == statics(template)
-    assert type(out.inner) is type(template.inner) if hasattr(template, "inner") else True
+    for name in type(template)._fields:
+        if isinstance(getattr(template, name), tt.TensorClass):
+            assert type(getattr(out, name)) is type(getattr(template, name))
     assert_equal(out.to_tensordict(), expected_td)
     for name in out.to_tensordict().keys():
         value = getattr(out, name)
@@ -500,14 +502,34 @@ def step(obs: Obs) -> Obs:
     return (moved[1:] + 1).reshape(3, 1)
 
 
-def test_compile_takes_and_returns_a_tensorclass(fresh_dynamo):
-    obs = make_obs()
-    explained = torch._dynamo.explain(step)(obs)
+def build(obs: Obs) -> Plain:
+    return Plain(obs.x[:, 0] * 2, flag=False, batch_size=obs.batch_size)
+
+
+def stack_unbind(obs: Obs) -> tuple[Obs, ...]:
+    return tt.stack([obs, obs * 2], 0).unbind(1)
+
+
+COMPILED: dict[str, tuple[Callable[[Obs], Any], Callable[[], Obs]]] = {
+    "replace-index-add": (step, make_obs),
+    "construct": (build, make_obs),
+    "stack-unbind": (stack_unbind, make_obs),
+    "locked-views": (lambda o: o[1:3].reshape(2, 1), lambda: make_obs().lock()),
+}
+
+
+@pytest.mark.parametrize("name", COMPILED)
+def test_compile_takes_and_returns_a_tensorclass(fresh_dynamo, name):
+    fn, make = COMPILED[name]
+    obs = make()
+    fn(obs)  # the class resolves its annotations on first use, outside the compiled code
+    explained = torch._dynamo.explain(fn)(obs)
     assert explained.graph_break_count == 0, explained.break_reasons
     torch._dynamo.reset()
-    out = torch.compile(step, fullgraph=True, backend="aot_eager")(obs)
-    expected = step(obs)
-    assert_same_record(out, expected, expected.to_tensordict())
+    out = torch.compile(fn, fullgraph=True, backend="aot_eager")(obs)
+    expected = fn(obs)
+    for got, want in zip(out, expected) if type(out) is tuple else [(out, expected)]:
+        assert_same_record(got, want, want.to_tensordict())
 
 
 def test_typed_example_runs(capsys):
