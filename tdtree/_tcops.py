@@ -165,7 +165,8 @@ class RecordOps:
     def apply(self, fn: Callable[..., torch.Tensor], *others: Any, batch_size: Any = None) -> Self:
         """``fn(leaf, *others' leaves)`` at every leaf (others: instances or nodes, paired by key);
         tags by the rule."""
-        return self._wrap(self._td.apply(fn, *map(_unwrap, others), batch_size=batch_size))  # type: ignore[no-any-return]
+        out = self._td.apply(fn, *map(_unwrap, others), batch_size=batch_size)
+        return self._wrap(out)  # type: ignore[no-any-return]
 
     def __add__(self, other: Any) -> Self:
         return self._wrap(self._td.__add__(_unwrap(other)))  # type: ignore[no-any-return]
@@ -281,7 +282,8 @@ class RecordOps:
         from ._tcrecord import record
         from ._tensorclass import layout
 
-        return self._wrap(memmap(self._td, prefix, existsok, record=record(layout(self))))  # type: ignore[no-any-return]
+        out = memmap(self._td, prefix, existsok, record=record(layout(self)))
+        return self._wrap(out)  # type: ignore[no-any-return]
 
     def lock(self) -> Self:
         """The same leaves, tagged ``Locked`` too."""

@@ -93,7 +93,9 @@ class TensorClassMeta(type):
             if f.startswith("_"):
                 raise FieldError(f"{name}: field {f!r} starts with an underscore; rename the field")
             if any(hasattr(b, f) and f not in b._fields for b in tc_bases):
-                raise FieldError(f"{name}: field {f!r} is the name of a tensorclass attribute or method; rename the field")
+                raise FieldError(
+                    f"{name}: field {f!r} is the name of a tensorclass attribute or method; rename the field"
+                )
             if f in ns:
                 defaults[f] = ns.pop(f)
         fields = inherited + [f for f in own if f not in inherited]
@@ -152,7 +154,8 @@ def _torch_flatten_with_keys(tc: Any) -> tuple[list[tuple[Any, Any]], tuple]:
 
 def _from_pytree(cls: Any, context: tuple, children: list[Any]) -> Any:
     meta, static = context
-    td = from_meta(tagged_type(TensorDict, meta[3]), meta, [c._td if isinstance(c, TensorClass) else c for c in children])
+    entries = [c._td if isinstance(c, TensorClass) else c for c in children]
+    td = from_meta(tagged_type(TensorDict, meta[3]), meta, entries)
     obj: Any = object.__new__(cls)
     object.__setattr__(obj, "_td", td)
     object.__setattr__(obj, "_static", static)
@@ -371,7 +374,9 @@ def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
     values: dict[str, Any] = dict(static)
     for key, value in td._data.items():
         if key not in cls._fields:
-            raise FieldError(f"{cls.__name__} has no field {key!r} (a key of the TensorDict); its fields are {list(cls._fields)}")
+            raise FieldError(
+                f"{cls.__name__} has no field {key!r} (a key of the TensorDict); its fields are {list(cls._fields)}"
+            )
         if key in values:
             raise FieldError(f"{cls.__name__}.from_tensordict: field {key!r} given both in the TensorDict and by name")
         sub = _tensorclass_in(hints.get(key, Any))
