@@ -37,8 +37,20 @@ class RecordOps:
     _td: TensorDict
     _static: tuple[tuple[str, Any], ...]
 
-    def _wrap(self, out: Any) -> Any:
+    def _wrap(self, out: TensorDict) -> Self:
+        """``out`` (a result of an operation on the inner node) as this instance's class."""
         raise NotImplementedError
+
+    def _wrap_each(self, outs: tuple[TensorDict, ...]) -> tuple[Self, ...]:
+        return tuple(self._wrap(out) for out in outs)
+
+    def _wrap_any(self, out: Any) -> Any:
+        """A node rewrapped, a tuple of nodes each, anything else (a tensor, NotImplemented) as is."""
+        if isinstance(out, Node):
+            return self._wrap(out)  # type: ignore[arg-type]
+        if type(out) is tuple:
+            return self._wrap_each(out)
+        return out
 
     # -- metadata and conversion ----------------------------------------------------------------
 
@@ -96,7 +108,7 @@ class RecordOps:
             raise LockedError("replace")
         from ._tensorclass import replaced
 
-        return replaced(self, fields)  # type: ignore[no-any-return]
+        return replaced(self, fields)
 
     def __bool__(self) -> bool:
         raise RuntimeError(
@@ -110,55 +122,55 @@ class RecordOps:
         index tensors and masks copy and drop them. Fields are read as attributes."""
         if type(index) is str or (type(index) is tuple and index and type(index[0]) is str):
             raise TypeError(f"{type(self).__name__} is indexed over its batch dims; read a field as obj.{index!s}")
-        return self._wrap(self._td[index])  # type: ignore[no-any-return]
+        return self._wrap(self._td[index])
 
     def view(self, *shape: Any) -> Self:
         """The batch dims viewed as ``shape``; keeps tags."""
-        return self._wrap(self._td.view(*shape))  # type: ignore[no-any-return]
+        return self._wrap(self._td.view(*shape))
 
     def reshape(self, *shape: Any) -> Self:
         """The batch dims reshaped to ``shape``; keeps tags exactly when every leaf is a view."""
-        return self._wrap(self._td.reshape(*shape))  # type: ignore[no-any-return]
+        return self._wrap(self._td.reshape(*shape))
 
     def permute(self, *dims: Any) -> Self:
         """The batch dims reordered; keeps tags."""
-        return self._wrap(self._td.permute(*dims))  # type: ignore[no-any-return]
+        return self._wrap(self._td.permute(*dims))
 
     def transpose(self, dim0: int, dim1: int) -> Self:
         """Batch dims ``dim0`` and ``dim1`` swapped; keeps tags."""
-        return self._wrap(self._td.transpose(dim0, dim1))  # type: ignore[no-any-return]
+        return self._wrap(self._td.transpose(dim0, dim1))
 
     def squeeze(self, dim: int | Sequence[int] | None = None) -> Self:
         """Without batch dims of size 1; keeps tags."""
-        return self._wrap(self._td.squeeze(dim))  # type: ignore[no-any-return]
+        return self._wrap(self._td.squeeze(dim))
 
     def unsqueeze(self, dim: int) -> Self:
         """With a batch dim of size 1 at ``dim``; keeps tags."""
-        return self._wrap(self._td.unsqueeze(dim))  # type: ignore[no-any-return]
+        return self._wrap(self._td.unsqueeze(dim))
 
     def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Self:
         """Batch dims ``start_dim``..``end_dim`` merged; keeps tags when the leaves are views."""
-        return self._wrap(self._td.flatten(start_dim, end_dim))  # type: ignore[no-any-return]
+        return self._wrap(self._td.flatten(start_dim, end_dim))
 
     def unflatten(self, dim: int, sizes: Sequence[int]) -> Self:
         """Batch dim ``dim`` split into ``sizes``; keeps tags."""
-        return self._wrap(self._td.unflatten(dim, sizes))  # type: ignore[no-any-return]
+        return self._wrap(self._td.unflatten(dim, sizes))
 
     def expand(self, *shape: Any) -> Self:
         """The batch dims broadcast to ``shape``; keeps tags."""
-        return self._wrap(self._td.expand(*shape))  # type: ignore[no-any-return]
+        return self._wrap(self._td.expand(*shape))
 
     def unbind(self, dim: int = 0) -> tuple[Self, ...]:
         """One instance per index along batch dim ``dim``; keeps tags."""
-        return self._wrap(self._td.unbind(dim))  # type: ignore[no-any-return]
+        return self._wrap_each(self._td.unbind(dim))
 
     def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Self, ...]:
         """Instances cut along batch dim ``dim`` as ``torch.split`` does; keeps tags."""
-        return self._wrap(self._td.split(split_size_or_sections, dim))  # type: ignore[no-any-return]
+        return self._wrap_each(self._td.split(split_size_or_sections, dim))
 
     def chunk(self, chunks: int, dim: int = 0) -> tuple[Self, ...]:
         """At most ``chunks`` instances along batch dim ``dim``; keeps tags."""
-        return self._wrap(self._td.chunk(chunks, dim))  # type: ignore[no-any-return]
+        return self._wrap_each(self._td.chunk(chunks, dim))
 
     # -- maps, arithmetic and reductions (new storage: tags dropped) ------------------------------
 
@@ -166,113 +178,113 @@ class RecordOps:
         """``fn(leaf, *others' leaves)`` at every leaf (others: instances or nodes, paired by key);
         tags by the rule."""
         out = self._td.apply(fn, *map(_unwrap, others), batch_size=batch_size)
-        return self._wrap(out)  # type: ignore[no-any-return]
+        return self._wrap(out)
 
     def __add__(self, other: Any) -> Self:
-        return self._wrap(self._td.__add__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__add__(_unwrap(other)))
 
     def __radd__(self, other: Any) -> Self:
-        return self._wrap(self._td.__radd__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__radd__(_unwrap(other)))
 
     def __sub__(self, other: Any) -> Self:
-        return self._wrap(self._td.__sub__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__sub__(_unwrap(other)))
 
     def __rsub__(self, other: Any) -> Self:
-        return self._wrap(self._td.__rsub__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__rsub__(_unwrap(other)))
 
     def __mul__(self, other: Any) -> Self:
-        return self._wrap(self._td.__mul__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__mul__(_unwrap(other)))
 
     def __rmul__(self, other: Any) -> Self:
-        return self._wrap(self._td.__rmul__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__rmul__(_unwrap(other)))
 
     def __truediv__(self, other: Any) -> Self:
-        return self._wrap(self._td.__truediv__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__truediv__(_unwrap(other)))
 
     def __rtruediv__(self, other: Any) -> Self:
-        return self._wrap(self._td.__rtruediv__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__rtruediv__(_unwrap(other)))
 
     def __pow__(self, other: Any) -> Self:
-        return self._wrap(self._td.__pow__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__pow__(_unwrap(other)))
 
     def __neg__(self) -> Self:
-        return self._wrap(self._td.__neg__())  # type: ignore[no-any-return]
+        return self._wrap(self._td.__neg__())
 
     def __abs__(self) -> Self:
-        return self._wrap(self._td.__abs__())  # type: ignore[no-any-return]
+        return self._wrap(self._td.__abs__())
 
     # Comparisons return instances of bools, as the node's do; hashing stays by identity.
     __hash__ = object.__hash__
 
     def __eq__(self, other: Any) -> Self:  # type: ignore[override]
-        return self._wrap(self._td.__eq__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__eq__(_unwrap(other)))
 
     def __ne__(self, other: Any) -> Self:  # type: ignore[override]
-        return self._wrap(self._td.__ne__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__ne__(_unwrap(other)))
 
     def __lt__(self, other: Any) -> Self:
-        return self._wrap(self._td.__lt__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__lt__(_unwrap(other)))
 
     def __le__(self, other: Any) -> Self:
-        return self._wrap(self._td.__le__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__le__(_unwrap(other)))
 
     def __gt__(self, other: Any) -> Self:
-        return self._wrap(self._td.__gt__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__gt__(_unwrap(other)))
 
     def __ge__(self, other: Any) -> Self:
-        return self._wrap(self._td.__ge__(_unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap_any(self._td.__ge__(_unwrap(other)))
 
     def exp(self) -> Self:
-        return self._wrap(self._td.exp())  # type: ignore[no-any-return]
+        return self._wrap(self._td.exp())
 
     def log(self) -> Self:
-        return self._wrap(self._td.log())  # type: ignore[no-any-return]
+        return self._wrap(self._td.log())
 
     def sqrt(self) -> Self:
-        return self._wrap(self._td.sqrt())  # type: ignore[no-any-return]
+        return self._wrap(self._td.sqrt())
 
     def clamp(self, min: Any = None, max: Any = None) -> Self:  # noqa: A002
-        return self._wrap(self._td.clamp(min, max))  # type: ignore[no-any-return]
+        return self._wrap(self._td.clamp(min, max))
 
     def where(self, condition: Any, other: Any) -> Self:
         """Self where ``condition`` holds, else ``other`` (an instance, node, tensor or number)."""
-        return self._wrap(self._td.where(_unwrap(condition), _unwrap(other)))  # type: ignore[no-any-return]
+        return self._wrap(self._td.where(_unwrap(condition), _unwrap(other)))
 
     def sum(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
         """Sums over batch dims ``dim`` (None: all); drops tags."""
-        return self._wrap(self._td.sum(dim, keepdim))  # type: ignore[no-any-return]
+        return self._wrap(self._td.sum(dim, keepdim))
 
     def mean(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
         """Means over batch dims ``dim`` (None: all); drops tags."""
-        return self._wrap(self._td.mean(dim, keepdim))  # type: ignore[no-any-return]
+        return self._wrap(self._td.mean(dim, keepdim))
 
     def all(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
         """No dim: one 0-dim bool tensor; with dim: an instance of bools."""
-        return self._wrap(self._td.all(dim, keepdim))
+        return self._wrap_any(self._td.all(dim, keepdim))
 
     def any(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
         """No dim: one 0-dim bool tensor; with dim: an instance of bools."""
-        return self._wrap(self._td.any(dim, keepdim))
+        return self._wrap_any(self._td.any(dim, keepdim))
 
     # -- devices, copies, memory, tags --------------------------------------------------------------
 
     def to(self, *args: Any, **kwargs: Any) -> Self:
         """Every leaf through ``Tensor.to``; keeps tags when nothing changes."""
-        return self._wrap(self._td.to(*args, **kwargs))  # type: ignore[no-any-return]
+        return self._wrap(self._td.to(*args, **kwargs))
 
     def cpu(self) -> Self:
-        return self._wrap(self._td.cpu())  # type: ignore[no-any-return]
+        return self._wrap(self._td.cpu())
 
     def clone(self, recurse: builtins.bool = True) -> Self:
         """A copy (new storage, no tags); ``recurse=False`` shares the leaves and keeps tags."""
-        return self._wrap(self._td.clone(recurse))  # type: ignore[no-any-return]
+        return self._wrap(self._td.clone(recurse))
 
     def contiguous(self) -> Self:
-        return self._wrap(self._td.contiguous())  # type: ignore[no-any-return]
+        return self._wrap(self._td.contiguous())
 
     def share_memory(self) -> Self:
         """A copy in shared memory, tagged ``{Shared, Locked}`` (the input is unchanged)."""
-        return self._wrap(self._td.share_memory())  # type: ignore[no-any-return]
+        return self._wrap(self._td.share_memory())
 
     def memmap(self, prefix: Any, existsok: builtins.bool = False) -> Self:
         """An equal instance with leaves mapped from files under ``prefix``, tagged ``{Memmap, Locked}``.
@@ -283,15 +295,15 @@ class RecordOps:
         from ._tensorclass import layout
 
         out = memmap(self._td, prefix, existsok, record=record(layout(self)))
-        return self._wrap(out)  # type: ignore[no-any-return]
+        return self._wrap(out)
 
     def lock(self) -> Self:
         """The same leaves, tagged ``Locked`` too."""
-        return self._wrap(self._td.lock())  # type: ignore[no-any-return]
+        return self._wrap(self._td.lock())
 
     def unlock(self) -> Self:
         """The same leaves without ``Locked``."""
-        return self._wrap(self._td.unlock())  # type: ignore[no-any-return]
+        return self._wrap(self._td.unlock())
 
     def zero_(self) -> Self:
         """This instance, after zeroing every leaf in place."""
@@ -315,26 +327,26 @@ class RecordOps:
         if template is None:
             return NotImplemented
         out = func(*(_unwrap(a) for a in args), **(kwargs or {}))
-        return template._wrap(out)
+        return template._wrap_any(out)
 
     # float/int/bool shadow the builtins for annotations below them, so they come last.
     def double(self) -> Self:
-        return self._wrap(self._td.double())  # type: ignore[no-any-return]
+        return self._wrap(self._td.double())
 
     def half(self) -> Self:
-        return self._wrap(self._td.half())  # type: ignore[no-any-return]
+        return self._wrap(self._td.half())
 
     def long(self) -> Self:
-        return self._wrap(self._td.long())  # type: ignore[no-any-return]
+        return self._wrap(self._td.long())
 
     def float(self) -> Self:
-        return self._wrap(self._td.float())  # type: ignore[no-any-return]
+        return self._wrap(self._td.float())
 
     def int(self) -> Self:
-        return self._wrap(self._td.int())  # type: ignore[no-any-return]
+        return self._wrap(self._td.int())
 
     def bool(self) -> Self:
-        return self._wrap(self._td.bool())  # type: ignore[no-any-return]
+        return self._wrap(self._td.bool())
 
 
 T = TypeVar("T", bound="Node | RecordOps")
@@ -361,13 +373,13 @@ def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int)
 def stack(nodes: Sequence[T], dim: int = 0) -> T:
     """Nodes, or instances of one tensorclass with equal static fields, stacked along a new batch dim
     ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage)."""
-    return _combined("stack", _combine.stack, nodes, dim)  # type: ignore[no-any-return]
+    return _combined("stack", _combine.stack, nodes, dim)
 
 
 def cat(nodes: Sequence[T], dim: int = 0) -> T:
     """Nodes, or instances of one tensorclass with equal static fields, concatenated along batch dim
     ``dim``; see :func:`tdtree._combine.cat`. Tags dropped (new storage)."""
-    return _combined("cat", _combine.cat, nodes, dim)  # type: ignore[no-any-return]
+    return _combined("cat", _combine.cat, nodes, dim)
 
 
 _STACKING: dict[Any, Callable[..., Any]] = {

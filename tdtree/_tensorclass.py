@@ -507,12 +507,8 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
 
         return record_repr(self)
 
-    def _wrap(self, out: Any) -> Any:
-        if isinstance(out, Node):
-            return rewrap(self, out)  # type: ignore[arg-type]
-        if type(out) is tuple:
-            return tuple(rewrap(self, o) for o in out)
-        return out
+    def _wrap(self, out: TensorDict) -> typing.Self:
+        return rewrap(self, out)  # type: ignore[no-any-return]
 
     @classmethod
     def from_tensordict(cls, td: TensorDict, **static: Any) -> typing.Self:
