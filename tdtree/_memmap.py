@@ -240,7 +240,9 @@ def _swap_in(tmp: str, prefix: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def memmap(node: Node, prefix: str | os.PathLike[str], existsok: bool = False) -> Any:
+def memmap(
+    node: Node, prefix: str | os.PathLike[str], existsok: bool = False, record: dict[str, Any] | None = None
+) -> Any:
     """Write every leaf of ``node`` to its own file under ``prefix`` and return the mapped node.
 
     Args:
@@ -251,6 +253,8 @@ def memmap(node: Node, prefix: str | os.PathLike[str], existsok: bool = False) -
         existsok: replace an existing memmap directory (or empty directory)
             at ``prefix``: the new one is written aside and renamed in, the
             old one renamed away and deleted.
+        record: a tensorclass's JSON record (see :mod:`tdtree._tcrecord`),
+            stored in the metadata so that :func:`load_memmap` gives the class back.
 
     Returns:
         A node equal to ``node`` whose leaves are mapped from the files
@@ -279,6 +283,8 @@ def memmap(node: Node, prefix: str | os.PathLike[str], existsok: bool = False) -
         "tags": sorted(t.name for t in _TAGS),
         "tree": tree,
     }
+    if record is not None:
+        doc["record"] = record
     parent, name = os.path.split(prefix)
     where = prefix
     try:
@@ -385,7 +391,8 @@ def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
             in this process's memory; the files never change.
 
     Returns:
-        The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node.
+        The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node; a tensorclass
+        instance when a tensorclass was memmapped (its class must be defined in this process).
 
     Raises:
         MemmapError: naming the file: a missing or corrupt metadata file, an
@@ -407,7 +414,12 @@ def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as err:
         raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
-    return _open(prefix, doc, writable=mode == "r+")
+    node = _open(prefix, doc, writable=mode == "r+")
+    if doc.get("record") is None:
+        return node
+    from ._tcrecord import from_record
+
+    return from_record(node, doc["record"], lambda reason: MemmapError(f"corrupt metadata file {meta}: {reason}"))
 
 
 # -- pickling by reference --------------------------------------------------------------------

@@ -16,6 +16,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ItemsView, KeysView, ValuesView
 
@@ -567,7 +568,7 @@ class TensorDict(Node):
 
     # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------
 
-    def memmap(self, prefix: Any, existsok: bool = False) -> TensorDict:
+    def memmap(self, prefix: Any, existsok: builtins.bool = False) -> TensorDict:
         """A node equal to this one with leaves mapped from files under the directory ``prefix`` (str or
         path); tags ``{Memmap, Locked}`` (made, not kept). See :func:`tdtree._memmap.memmap`."""
         from ._memmap import memmap

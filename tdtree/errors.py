@@ -8,6 +8,7 @@ from collections.abc import Iterable
 __all__ = [
     "BatchDimError",
     "BatchSizeError",
+    "FieldError",
     "KeyCollisionError",
     "KeyMismatchError",
     "KeyNotFoundError",
@@ -109,3 +110,8 @@ class SerializationError(OSError):
 
 class OutKeysError(ValueError):
     """A module wrapped by ``tdtree.nn.TDModule`` returned a different number of outputs than it has out_keys."""
+
+
+class FieldError(TypeError):
+    """A tensorclass was given an unknown or missing field, a value whose type does not fit the
+    field, or a class body declares a field it cannot have; the message names the field."""
