@@ -42,7 +42,9 @@ from ._keys import display
 from ._memmap import _ORIGIN
 from ._node import TensorDict
 from ._tags import Locked, Memmap, Shared, retag
+from ._tensorclass import Layout, TensorClass, _hints, _tensorclass_in, from_layout, layout
 from ._validate import as_batch_size, build
+from .errors import FieldError
 
 __all__ = ["from_tensordict", "to_tensordict"]
 
@@ -58,14 +60,12 @@ def _require(what: str) -> ModuleType:
 
 
 def _unwrap(obj: Any, tensordict: ModuleType, path: tuple[str, ...]) -> Any:
-    """The tensordict holding ``obj``'s entries: the dispatch point for collection types.
-
-    A tdtree tensorclass branch goes here once that type exists.
-    """
+    """The tensordict holding ``obj``'s entries: the dispatch point for collection types."""
     if tensordict.is_non_tensor(obj):
         where = f"entry {display(path)!r}" if path else "the input"
         raise TypeError(
-            f"{where} is tensordict non-tensor data; tdtree nodes hold tensors only: exclude it first"
+            f"{where} is tensordict non-tensor data; tdtree nodes hold tensors only: exclude it first, "
+            "or pass cls= a tdtree tensorclass with a field for it"
         )
     if tensordict.is_tensorclass(obj):
         # A tensorclass keeps its fields in this tensordict; to_tensordict() would copy them.
@@ -79,18 +79,38 @@ def _unwrap(obj: Any, tensordict: ModuleType, path: tuple[str, ...]) -> Any:
     )
 
 
-def _convert(td: Any, tensordict: ModuleType, path: tuple[str, ...]) -> Node:
+def _convert(td: Any, tensordict: ModuleType, path: tuple[str, ...], static: dict | None = None) -> Node:
+    """The node of ``td``'s tensors; with ``static``, non-tensor entries go there by path instead of
+    being refused."""
     data: dict[str, Any] = {}
     for key, value in td.items():
         if isinstance(value, torch.Tensor):
             data[key] = value
+        elif static is not None and tensordict.is_non_tensor(value):
+            static[(*path, key)] = value.data
         elif tensordict.is_tensor_collection(value):
-            data[key] = _convert(_unwrap(value, tensordict, (*path, key)), tensordict, (*path, key))
+            data[key] = _convert(_unwrap(value, tensordict, (*path, key)), tensordict, (*path, key), static)
         else:
             raise TypeError(
                 f"entry {display((*path, key))!r} is a {type(value).__name__}; tdtree nodes hold tensors only"
             )
     return build(TensorDict, data, as_batch_size(td.batch_size), td.device, path)
+
+
+def _layout(cls: Any, node: Node, static: dict, path: tuple[str, ...]) -> Layout:
+    """The layout of a ``cls`` instance around ``node``: non-tensor entries become its static fields
+    (defaults fill the others), sub-nodes under fields annotated with a tensorclass nest."""
+    hints = _hints(cls)
+    pairs, nested = [], []
+    for name in cls._fields:
+        sub = _tensorclass_in(hints.get(name, Any))
+        if (*path, name) in static:
+            pairs.append((name, static[(*path, name)]))
+        elif sub is not None and isinstance(node._data.get(name), Node):
+            nested.append((name, _layout(sub, node._data[name], static, (*path, name))))
+        elif name not in node._data and name in cls._defaults:
+            pairs.append((name, cls._defaults[name]))
+    return cls, tuple(pairs), tuple(nested)
 
 
 def _storages(node: Node) -> list[torch.UntypedStorage]:
@@ -124,12 +144,18 @@ def _tags_of(td: Any, node: Node) -> frozenset:
     return frozenset(tags)
 
 
-def from_tensordict(td: Any, /) -> TensorDict:
+def from_tensordict(td: Any, /, cls: type | None = None) -> Any:
     """A tdtree node holding the same tensors as the tensordict (or tensorclass instance) ``td``.
 
     Args:
         td: a ``tensordict.TensorDict`` or a tensordict tensorclass instance;
             nested tensordicts and tensorclasses become nested nodes.
+        cls: a tdtree tensorclass: the result is an instance of it, whose
+            non-tensor fields are ``td``'s non-tensor entries (a tensordict
+            tensorclass keeps its non-tensor fields that way), the defaults
+            filling those missing, and whose fields annotated with a
+            tensorclass are instances of it. The inverse of
+            :func:`to_tensordict` on a tdtree tensorclass.
 
     Returns:
         A node with the same keys (in canonical sorted order), nesting,
@@ -140,8 +166,10 @@ def from_tensordict(td: Any, /) -> TensorDict:
 
     Raises:
         ImportError: tensordict is not installed.
-        TypeError: an entry is non-tensor data, or a collection other than a
-            TensorDict or tensorclass (a lazy stack), naming the key.
+        TypeError: an entry is non-tensor data (without ``cls``), or a
+            collection other than a TensorDict or tensorclass (a lazy
+            stack), naming the key.
+        FieldError: ``td`` does not fit ``cls`` (an unknown or missing field).
 
     >>> import torch, tensordict, tdtree as tt
     >>> x = torch.zeros(2, 3)
@@ -151,8 +179,18 @@ def from_tensordict(td: Any, /) -> TensorDict:
     """
     tensordict = _require("from_tensordict")
     source = _unwrap(td, tensordict, ())
-    node = _convert(source, tensordict, ())
-    return retag(node, _tags_of(source, node))
+    static: dict | None = None if cls is None else {}
+    node = _convert(source, tensordict, (), static)
+    node = retag(node, _tags_of(source, node))
+    if cls is None:
+        return node
+    if not (isinstance(cls, type) and issubclass(cls, TensorClass)):
+        raise TypeError(f"from_tensordict: cls must be a tdtree tensorclass, got {cls!r}")
+
+    def error(reason: str) -> Exception:
+        return FieldError(f"from_tensordict(cls={cls.__name__}): {reason}")
+
+    return from_layout(_layout(cls, node, static or {}, ()), node, error)
 
 
 def _build(node: Node, tensordict: ModuleType, shared: bool, memmap: bool) -> Any:
@@ -168,11 +206,22 @@ def _build(node: Node, tensordict: ModuleType, shared: bool, memmap: bool) -> An
     )
 
 
-def to_tensordict(node: Node, /) -> Any:
+def _set_static(out: Any, lay: Layout, path: tuple[str, ...]) -> None:
+    _, static, nested = lay
+    for name, value in static:
+        out.set_non_tensor((*path, name), value)
+    for name, sub in nested:
+        _set_static(out, sub, (*path, name))
+
+
+def to_tensordict(node: Any, /) -> Any:
     """A ``tensordict.TensorDict`` holding the same tensors as ``node``.
 
     Args:
-        node: a tdtree node.
+        node: a tdtree node, or a tdtree tensorclass instance: its tensor
+            fields become entries and its non-tensor fields non-tensor entries
+            (``set_non_tensor``), nested tensorclasses as nested tensordicts;
+            ``from_tensordict(out, cls=type(node))`` gives it back.
 
     Returns:
         A tensordict with the same keys (in the node's sorted order), nesting,
@@ -182,7 +231,7 @@ def to_tensordict(node: Node, /) -> Any:
 
     Raises:
         ImportError: tensordict is not installed.
-        TypeError: ``node`` is not a node.
+        TypeError: ``node`` is not a node or tensorclass instance.
 
     >>> import torch, tdtree as tt
     >>> x = torch.zeros(2, 3)
@@ -191,11 +240,16 @@ def to_tensordict(node: Node, /) -> Any:
     (True, True)
     """
     tensordict = _require("to_tensordict")
+    record = node
+    if isinstance(node, TensorClass):
+        node = node._td
     if not isinstance(node, Node):
-        raise TypeError(f"to_tensordict takes a tdtree node, got {type(node).__name__}")
+        raise TypeError(f"to_tensordict takes a tdtree node or tensorclass instance, got {type(node).__name__}")
     tags = node._meta[3]
     locked = Locked in tags
     memmap = locked and Memmap in tags
     shared = locked and Shared in tags and not memmap
     out = _build(node, tensordict, shared, memmap)
+    if record is not node:
+        _set_static(out, layout(record), ())
     return out.lock_() if locked else out

@@ -210,6 +210,53 @@ def test_tensordict_tensorclass_becomes_a_node() -> None:
     assert inside["tc", "inner", "x"] is x
 
 
+class _Inner(tt.TensorClass):
+    y: torch.Tensor
+    label: str = "inner"
+
+
+class _Outer(tt.TensorClass):
+    x: torch.Tensor
+    inner: _Inner
+    name: str = "outer"
+    steps: int = 0
+
+
+@needs_tensordict
+@pytest.mark.parametrize("lock", [False, True])
+def test_tdtree_tensorclass_to_tensordict_and_back(lock: bool) -> None:
+    x, y = torch.randn(3, 2), torch.ones(3)
+    tc = _Outer(x=x, inner=_Inner(y=y, label="in", batch_size=[3]), name="n", steps=7, batch_size=[3])
+    tc = tc.lock() if lock else tc
+    td = tt.to_tensordict(tc)
+    assert td["x"] is x and td["inner", "y"] is y and td.is_locked == lock
+    assert td.get_non_tensor("name") == "n" and td.get_non_tensor(("inner", "label")) == "in"
+    assert td.get_non_tensor("steps") == 7
+    back = tt.from_tensordict(td, cls=_Outer)
+    assert type(back) is _Outer and type(back.inner) is _Inner
+    assert back.x is x and back.inner.y is y
+    assert (back.name, back.steps, back.inner.label) == ("n", 7, "in")
+    assert back.tags == tc.tags and back.batch_size == (3,)
+
+
+@needs_tensordict
+def test_tensordict_tensorclass_to_a_tdtree_tensorclass() -> None:
+    @tensordict.tensorclass
+    class Theirs:
+        y: torch.Tensor
+        label: str
+
+    y = torch.zeros(2)
+    ours = tt.from_tensordict(Theirs(y=y, label="L", batch_size=[2]), cls=_Inner)
+    assert type(ours) is _Inner and ours.y is y and ours.label == "L"
+    defaults = tt.from_tensordict(tensordict.TensorDict({"y": y}, [2]), cls=_Inner)
+    assert defaults.label == "inner"
+    with pytest.raises(tt.FieldError, match="_Inner has no field 'x'"):
+        tt.from_tensordict(tensordict.TensorDict({"x": y, "y": y}, [2]), cls=_Inner)
+    with pytest.raises(TypeError, match="cls must be a tdtree tensorclass"):
+        tt.from_tensordict(tensordict.TensorDict({"y": y}, [2]), cls=dict)
+
+
 @needs_tensordict
 def test_non_tensor_data_is_refused_naming_the_key() -> None:
     td = tensordict.TensorDict({"a": torch.zeros(2), "s": {"name": tensordict.NonTensorData("hi", batch_size=[2])}}, [2])
@@ -224,7 +271,7 @@ def test_other_inputs_are_refused() -> None:
         tt.from_tensordict(lazy)
     with pytest.raises(TypeError, match="from_tensordict takes"):
         tt.from_tensordict({"a": torch.zeros(2)})
-    with pytest.raises(TypeError, match="takes a tdtree node, got dict"):
+    with pytest.raises(TypeError, match="takes a tdtree node or tensorclass instance, got dict"):
         tt.to_tensordict({"a": torch.zeros(2)})
 
 

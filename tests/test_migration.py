@@ -222,6 +222,30 @@ def _policy() -> torch.nn.Module:
     return torch.nn.Linear(3, 2)
 
 
+class _Step(tt.TensorClass):
+    obs: torch.Tensor
+    reward: torch.Tensor
+    phase: str = "train"
+
+
+def test_tensorclass_field_write_is_replace() -> None:
+    @tensordict.tensorclass
+    class Step:
+        obs: torch.Tensor
+        reward: torch.Tensor
+        phase: str
+
+    d = _data()
+    theirs = Step(obs=d["obs"].clone(), reward=d["next"]["reward"].clone(), phase="train", batch_size=[4])
+    ours = _Step(obs=d["obs"], reward=d["next"]["reward"], batch_size=[4])
+    new_reward = torch.ones(4, 1)
+    theirs.reward = new_reward.clone()
+    edited = ours.replace(reward=new_reward)
+    assert ours.reward is d["next"]["reward"]
+    assert_equal(tt.from_tensordict(theirs, cls=_Step).to_tensordict(), edited.to_tensordict(), check_tags=False)
+    assert tt.from_tensordict(theirs, cls=_Step).phase == edited.phase == "train"
+
+
 def test_td_module() -> None:
     td, node = _pair()
     module = _policy()
