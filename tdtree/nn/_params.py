@@ -13,26 +13,45 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._base import Node
+from .._base import Node, make, sorted_data
 from .._node import TensorDict
 from .._tags import tag_rule
-from .._validate import build
 
 __all__ = ["from_module", "functional_call"]
 
 
-def _collect(module: nn.Module, params: bool, buffers: bool) -> dict[str, Any]:
+def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | None:
+    """The node of ``module``'s tensors, or None when it and its sub-modules hold none.
+
+    Built with ``make``, not the validating constructor: a module's tensors
+    always fit batch size ``()``, its attribute names are distinct strs, and the
+    device is found here as ``build`` would find it (the one all leaves share,
+    else None). This keeps ``from_module`` at a dict walk.
+    """
     data: dict[str, Any] = {}
     if params:
         data.update((k, v) for k, v in module._parameters.items() if v is not None)
     if buffers:
         data.update((k, v) for k, v in module._buffers.items() if v is not None)
+    devices = {v.device for v in data.values()}
     for name, sub in module._modules.items():
         if sub is not None:
             child = _collect(sub, params, buffers)
-            if child:
+            if child is not None:
                 data[name] = child
-    return data
+                devices.add(child._meta[2])
+    if not data:
+        return None
+    device = devices.pop() if len(devices) == 1 else None
+    return make(TensorDict, sorted_data(data), _NO_BATCH, device)
+
+
+_NO_BATCH = torch.Size(())
+
+
+def _node(module: nn.Module, params: bool, buffers: bool) -> TensorDict:
+    node = _collect(module, params, buffers)
+    return make(TensorDict, {}, _NO_BATCH, None) if node is None else node
 
 
 @tag_rule
@@ -57,13 +76,9 @@ def from_module(module: nn.Module, *, split: bool = False) -> TensorDict | tuple
     >>> from_module(nn.Sequential(nn.Linear(3, 4))).keys(include_nested=True)
     dict_keys(['0', ('0', 'bias'), ('0', 'weight')])
     """
-    empty = torch.Size(())
     if split:
-        return (
-            build(TensorDict, _collect(module, True, False), empty, None),
-            build(TensorDict, _collect(module, False, True), empty, None),
-        )
-    return build(TensorDict, _collect(module, True, True), empty, None)
+        return _node(module, True, False), _node(module, False, True)
+    return _node(module, True, True)
 
 
 def _flat(node: Node, prefix: str, out: dict[str, torch.Tensor]) -> None:
