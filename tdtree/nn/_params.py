@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._base import Node, make, sorted_data
+from .._base import Node, make
 from .._node import TensorDict
 from .._tags import tag_rule
 
@@ -24,26 +24,39 @@ def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | Non
     """The node of ``module``'s tensors, or None when it and its sub-modules hold none.
 
     Built with ``make``, not the validating constructor: a module's tensors
-    always fit batch size ``()``, its attribute names are distinct strs, and the
-    device is found here as ``build`` would find it (the one all leaves share,
-    else None). This keeps ``from_module`` at a dict walk.
+    always fit batch size ``()`` and its attribute names are distinct strs. The
+    device is found as ``build`` finds it: the one every entry has, else None
+    (a sub-node's None means its own leaves disagree). This keeps
+    ``from_module`` at a walk over the module's dicts.
     """
     data: dict[str, Any] = {}
     if params:
-        data.update((k, v) for k, v in module._parameters.items() if v is not None)
+        for k, v in module._parameters.items():
+            if v is not None:
+                data[k] = v
     if buffers:
-        data.update((k, v) for k, v in module._buffers.items() if v is not None)
-    devices = {v.device for v in data.values()}
+        for k, v in module._buffers.items():
+            if v is not None:
+                data[k] = v
+    device = None
+    first = True
+    for v in data.values():
+        if first:
+            device, first = v.device, False
+        elif v.device != device:
+            device = None  # and None from here on: no later device equals it
     for name, sub in module._modules.items():
         if sub is not None:
             child = _collect(sub, params, buffers)
             if child is not None:
                 data[name] = child
-                devices.add(child._meta[2])
-    if not data:
+                if first:
+                    device, first = child._meta[2], False
+                elif child._meta[2] != device:
+                    device = None
+    if first:
         return None
-    device = devices.pop() if len(devices) == 1 else None
-    return make(TensorDict, sorted_data(data), _NO_BATCH, device)
+    return make(TensorDict, {k: data[k] for k in sorted(data)}, _NO_BATCH, device)
 
 
 _NO_BATCH = torch.Size(())
