@@ -108,7 +108,6 @@ def _leaf(out: Any, *path: str) -> torch.Tensor:
 
 
 @pytest.mark.pytree
-@pytest.mark.quick
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_one_nested(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     out = _run(benchmark, impl, mode, compiler, _fn(impl, "add_one"), nested_td(impl))
@@ -227,7 +226,6 @@ def update_inplace_pytree(td: dict[str, torch.Tensor], src: dict[str, torch.Tens
 
 
 @pytest.mark.pytree
-@pytest.mark.quick
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_update_inplace(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     """Copy 20 leaves of shape (4,) into a node's own in place: ``td.update_(src)``

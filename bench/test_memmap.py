@@ -113,7 +113,6 @@ def _write(impl: Impl, weights: Any, path: Path) -> Any:
 
 
 @pytest.mark.pytree
-@pytest.mark.quick
 def test_serialize_weights(benchmark, impl: Impl, tmp_path: Path) -> None:
     """Memmap the model's weights (tdtree replaces the directory, written aside and renamed in;
     tensordict overwrites its files in place; pytree: ``torch.save(state_dict)``)."""
@@ -180,6 +179,7 @@ def test_serialize_model_archive(benchmark, impl: Impl, tmp_path: Path) -> None:
 
 
 @pytest.mark.pytree
+@pytest.mark.quick
 def test_load_archive(benchmark, impl: Impl, tmp_path: Path) -> None:
     """Load weights from one file: ``tdtree.load`` (safe: tensors and plain data only);
     tensordict: ``load_memmap`` of its ``.tdz`` archive; pytree: ``torch.load(weights_only=True)``.

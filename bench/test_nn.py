@@ -164,7 +164,6 @@ def test_instantiation_from_module(benchmark, impl: Impl) -> None:
 
 
 @pytest.mark.pytree
-@pytest.mark.quick
 def test_exec_functional_call(benchmark, impl: Impl) -> None:
     """Run the net with given parameters: ``functional_call(net, params, x)``; tensordict:
     ``with params.to_module(net): net(x)``; pytree: ``torch.func.functional_call(net, state_dict, x)``."""
@@ -439,7 +438,6 @@ def _func_call(impl: Impl, module: nn.Module) -> tuple[Callable[..., torch.Tenso
 
 
 @pytest.mark.pytree
-@pytest.mark.quick
 @pytest.mark.parametrize("mode", MODES)
 def test_func_call_runtime(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     """An MLP (16 wide, depth 10) run with parameters other than its own (tensordict's

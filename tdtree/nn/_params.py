@@ -20,6 +20,9 @@ from .._tags import tag_rule
 __all__ = ["from_module", "functional_call"]
 
 
+_NO_BATCH = torch.Size(())
+
+
 def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | None:
     """The node of ``module``'s tensors, or None when it and its sub-modules hold none.
 
@@ -57,9 +60,6 @@ def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | Non
     if first:
         return None
     return make(TensorDict, {k: data[k] for k in sorted(data)}, _NO_BATCH, device)
-
-
-_NO_BATCH = torch.Size(())
 
 
 def _node(module: nn.Module, params: bool, buffers: bool) -> TensorDict:
