@@ -15,11 +15,17 @@ cores, and even aot_eager doubles the cost of the tracing. tests/test_compile_*
 check tdtree's graphs through aot_eager. For the same reason the compiled
 tensordict rows are skipped under ``--benchmark-disable`` unless
 ``--compile-backend`` is given.
+
+Bench cases run with ``--torch-threads`` intra-op threads (default 1, restored
+after each case). The suite times what a library adds around torch's kernels;
+on a shared machine torch's thread pool waits at every parallel kernel for a
+thread whose core is busy elsewhere, which made whole cases 10-100x slower in
+one run and not in the next.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -35,6 +41,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--impls",
         default=",".join(ALL),
         help="comma-separated implementations to run the bench cases on (default: all)",
+    )
+    parser.addoption(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads while a bench case runs (default: 1; see the module doc)",
     )
     parser.addoption(
         "--compile-backend",
@@ -72,6 +84,14 @@ def _case_name(item: pytest.Item) -> str:
     ids = [] if callspec is None else [p for p in callspec.id.split("-") if p not in ALL]
     name = getattr(item, "originalname", item.name)
     return f"{name}[{'-'.join(ids)}]" if ids else name
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.config.getoption("--torch-threads"))
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -93,12 +93,6 @@ def _run(benchmark: Any, impl: Impl, mode: str, compiler: Any, fn: Callable[...,
     return out
 
 
-def _leaf(impl: Impl, out: Any, key: tuple[str, ...]) -> torch.Tensor:
-    for part in key:
-        out = out[part]
-    return out
-
-
 # -- one module, one key (functional_benchmarks_test) ---------------------------------------
 
 
@@ -185,9 +179,12 @@ def test_exec_functional_call(benchmark, impl: Impl) -> None:
 
 
 def _ensemble(impl: Impl, params: Any, stack: bool) -> Any:
-    """Two copies of ``params`` along a new dim 0: stacked clones, or one expanded view."""
+    """Two copies of ``params`` along a new dim 0 of every leaf: stacked clones, or expanded views."""
     if impl.name == "tdtree":
-        return tdtree.stack([params, params.clone()]) if stack else params.expand(2)
+        # tdtree's ensembles keep batch (): the member dim is the leaves' own, for torch.func.vmap
+        if stack:
+            return tdtree.tree.map(lambda *xs: torch.stack(xs), params, params.clone())
+        return tdtree.tree.map(lambda x: x.expand(2, *x.shape), params)
     if impl.name == "tensordict":
         return torch.stack([params, params.clone()], 0).lock_() if stack else params.expand(2).to_tensordict().lock_()
     if stack:
@@ -202,8 +199,8 @@ def _ensemble(impl: Impl, params: Any, stack: bool) -> Any:
 def test_vmap_mlp_speed_decorator(benchmark, impl: Impl, stack: bool, tdmodule: bool) -> None:
     """``torch.func.vmap`` of a 4-layer MLP (64 wide) over an ensemble of 2 parameter sets.
 
-    tdtree: ``tdtree.vmap`` of ``functional_call`` of the MLP (or of a ``TDModule`` on
-    ``{"x": x}``), mapping the parameter node's batch dim;
+    tdtree: ``functional_call`` of the MLP (or of a ``TDModule`` on ``{"x": x}``) over a
+    parameter node of batch size () whose leaves lead with the member dim;
     tensordict: ``params.to_module`` inside the vmapped function, as in its suite;
     pytree: ``torch.func.functional_call`` with a dict (the module step as a function of a dict).
     """
@@ -241,8 +238,7 @@ def test_vmap_mlp_speed_decorator(benchmark, impl: Impl, stack: bool, tdmodule: 
         def fun(data: Any, p: Any) -> Any:
             return torch.func.functional_call(net, p, (data,))
 
-    vmap = tdtree.vmap if impl.name == "tdtree" else torch.func.vmap
-    vfun = vmap(fun, (None, 0))
+    vfun = torch.func.vmap(fun, (None, 0))
     vfun(data, params)
     out = benchmark(vfun, data, params)
     y = out["y"] if tdmodule else out

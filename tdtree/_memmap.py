@@ -95,8 +95,9 @@ def mappable(dtype: torch.dtype) -> bool:
 
 def read_header(
     doc: object, fmt: str, version: int, source: str, corrupt: Callable[[str], Exception], error: type[Exception]
-) -> type:
-    """The node type a description (memmap metadata or save file) names, after checking its header.
+) -> tuple[type, dict[str, Any]]:
+    """The node type a description (memmap metadata or save file) names, and the description,
+    after checking its header.
 
     ``doc`` must be a dict of format ``fmt`` and version ``version``, naming a
     registered node type. A malformed header raises ``corrupt(reason)``; a
@@ -110,7 +111,7 @@ def read_header(
     root = root_named(doc.get("type"))
     if root is None:
         raise corrupt(f"unknown node type {doc.get('type')!r}")
-    return root
+    return root, doc
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -379,7 +380,7 @@ def _open(prefix: str, doc: object, writable: bool) -> Any:
     def corrupt(reason: str) -> MemmapError:
         return MemmapError(f"corrupt metadata file {meta}: {reason}")
 
-    root = read_header(doc, FORMAT, VERSION, f"metadata file {meta}", corrupt, MemmapError)
+    root, doc = read_header(doc, FORMAT, VERSION, f"metadata file {meta}", corrupt, MemmapError)
 
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
         if dtype not in _MAPPABLE:

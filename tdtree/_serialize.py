@@ -185,24 +185,30 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
         doc = json.loads(payload["tdtree"])
     except (ValueError, RecursionError) as err:
         raise corrupt(f"its description is not JSON ({err})") from None
-    root = read_header(doc, FORMAT, VERSION, path, corrupt, SerializationError)
+    root, doc = read_header(doc, FORMAT, VERSION, path, corrupt, SerializationError)
     tag_names = doc.get("tags")
     if type(tag_names) is not list:
         raise corrupt(f"malformed tags {tag_names!r}")
     packed_list = doc.get("packed")
-    if type(packed_list) is not list or any(type(i) is not int for i in packed_list) or packed_list != sorted(set(packed_list)):
+    if (
+        type(packed_list) is not list
+        or any(type(i) is not int for i in packed_list)
+        or packed_list != sorted(set(packed_list))
+    ):
         raise corrupt(f"malformed list of packed leaves {str(packed_list)[:80]}")
     packed = set(packed_list)
     buffer = payload["packed"]
     if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
-        raise corrupt(f"its packed buffer should be a contiguous 1-d uint8 tensor, found {buffer.dtype} {tuple(buffer.shape)}")
+        raise corrupt(
+            f"its packed buffer should be a contiguous 1-d uint8 tensor, found {buffer.dtype} {tuple(buffer.shape)}"
+        )
     tensors = payload["tensors"]
-    offset = 0
-    used = 0
-    unpacked = 0
+    offset = 0  # bytes of the buffer taken so far
+    in_buffer = 0  # leaves taken from the buffer
+    apart = 0  # leaves taken from the list
 
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, key: tuple[str, ...]) -> torch.Tensor:
-        nonlocal offset, used, unpacked
+        nonlocal offset, in_buffer, apart
         if index in packed:
             if not mappable(dtype):
                 raise corrupt(f"leaf {display(key)!r} of dtype {dtype} cannot be packed")
@@ -210,13 +216,13 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
             offset = start + shape.numel() * dtype.itemsize
             if offset > buffer.numel():
                 raise corrupt(f"its packed buffer holds {buffer.numel()} bytes, too few for leaf {display(key)!r}")
-            unpacked += 1
+            in_buffer += 1
             return buffer[start:offset].view(dtype).view(shape)
-        value = tensors[used] if used < len(tensors) else None
+        value = tensors[apart] if apart < len(tensors) else None
         if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.shape != shape:
             found = None if not isinstance(value, torch.Tensor) else f"{value.dtype} {tuple(value.shape)}"
             raise corrupt(f"leaf {display(key)!r} should be {dtype} {tuple(shape)}, found {found}")
-        used += 1
+        apart += 1
         return value
 
     def node_device(name: str | None) -> torch.device | None:
@@ -228,10 +234,10 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
             raise corrupt(f"unknown device {name!r}") from None
 
     node = assemble(doc.get("tree"), root, leaf, corrupt, node_device)
-    if used != len(tensors):
-        raise corrupt(f"it holds {len(tensors)} separate tensors for {used} leaves")
+    if apart != len(tensors):
+        raise corrupt(f"it holds {len(tensors)} separate tensors for {apart} leaves")
     if offset != buffer.numel():
         raise corrupt(f"its packed buffer holds {buffer.numel()} bytes for {offset} bytes of leaves")
-    if unpacked != len(packed):
-        raise corrupt(f"its list of packed leaves names {len(packed)} leaves, it holds {unpacked}")
+    if in_buffer != len(packed):
+        raise corrupt(f"its list of packed leaves names {len(packed)} leaves, it holds {in_buffer}")
     return retag(node, frozenset({Locked}) if "Locked" in tag_names else frozenset())

@@ -38,10 +38,10 @@ def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | Non
             if v is not None:
                 data[k] = v
     if buffers:
-        for k, v in module._buffers.items():
-            if v is not None:
-                data[k] = v
-    device = None
+        for k, b in module._buffers.items():
+            if b is not None:
+                data[k] = b
+    device: torch.device | None = None
     first = True
     for v in data.values():
         if first:
@@ -102,14 +102,24 @@ def _flat(node: Node, prefix: str, out: dict[str, torch.Tensor]) -> None:
             out[prefix + k] = v
 
 
+def _paths(module: nn.Module, kind: str, prefix: str, groups: dict[torch.Tensor, list[str]]) -> None:
+    # named_parameters(remove_duplicate=False) in pre-order, without its generators:
+    # functional_call walks the module on every call, so the walk is kept lean.
+    for name, tensor in getattr(module, kind).items():
+        if tensor is not None:
+            groups.setdefault(tensor, []).append(prefix + name)
+    for name, sub in module._modules.items():
+        if sub is not None:
+            _paths(sub, kind, prefix + name + ".", groups)
+
+
 def _tie(module: nn.Module, flat: dict[str, torch.Tensor]) -> None:
     # Tied paths share one tensor in the module; every path of a tied group
-    # takes the value given for its first path (module order), so a gradient
-    # or an optimiser step never unties them.
+    # takes the value given for its first path (module order: parameters, then
+    # buffers), so a gradient or an optimiser step never unties them.
     groups: dict[torch.Tensor, list[str]] = {}
-    for named in (module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)):
-        for name, tensor in named:
-            groups.setdefault(tensor, []).append(name)
+    _paths(module, "_parameters", "", groups)
+    _paths(module, "_buffers", "", groups)
     for names in groups.values():
         if len(names) > 1:
             given = [n for n in names if n in flat]
