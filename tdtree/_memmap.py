@@ -48,6 +48,8 @@ __all__ = [
     "describe",
     "assemble",
     "dtype_named",
+    "mappable",
+    "read_header",
     "memmap",
     "load_memmap",
     "reference",
@@ -84,6 +86,32 @@ def dtype_named(name: object) -> torch.dtype | None:
     """The torch dtype spelled ``name`` (``"float32"``), or None."""
     dtype = getattr(torch, name, None) if type(name) is str else None
     return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def mappable(dtype: torch.dtype) -> bool:
+    """Whether ``dtype``'s values are plain bytes, element by element (what a file or a byte buffer holds)."""
+    return dtype in _MAPPABLE
+
+
+def read_header(
+    doc: object, fmt: str, version: int, source: str, corrupt: Callable[[str], Exception], error: type[Exception]
+) -> tuple[type, dict[str, Any]]:
+    """The node type a description (memmap metadata or save file) names, and the description,
+    after checking its header.
+
+    ``doc`` must be a dict of format ``fmt`` and version ``version``, naming a
+    registered node type. A malformed header raises ``corrupt(reason)``; a
+    well-formed one of another version raises ``error`` naming ``source``.
+    """
+    kind = fmt.removeprefix("tdtree-")
+    if type(doc) is not dict or doc.get("format") != fmt:
+        raise corrupt(f"it is not a tdtree {kind} description")
+    if doc.get("version") != version:
+        raise error(f"{source} has format version {doc.get('version')!r}; this tdtree reads version {version}")
+    root = root_named(doc.get("type"))
+    if root is None:
+        raise corrupt(f"unknown node type {doc.get('type')!r}")
+    return root, doc
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -220,8 +248,10 @@ def _write_leaf(path: str, tensor: torch.Tensor) -> None:
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
+    # json.dumps, not json.dump: dump streams through the pure-Python encoder, several times slower
+    text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
     with open(path, "x", encoding="ascii") as f:
-        json.dump(doc, f, ensure_ascii=True, separators=(",", ":"))
+        f.write(text)
 
 
 def _swap_in(tmp: str, prefix: str) -> None:
@@ -356,15 +386,7 @@ def _open(prefix: str, doc: object, writable: bool) -> Any:
     def corrupt(reason: str) -> MemmapError:
         return MemmapError(f"corrupt metadata file {meta}: {reason}")
 
-    if type(doc) is not dict or doc.get("format") != FORMAT:
-        raise corrupt("it is not a tdtree memmap description")
-    if doc.get("version") != VERSION:
-        raise MemmapError(
-            f"metadata file {meta} has format version {doc.get('version')!r}; this tdtree reads version {VERSION}"
-        )
-    root = root_named(doc.get("type"))
-    if root is None:
-        raise corrupt(f"unknown node type {doc.get('type')!r}")
+    root, doc = read_header(doc, FORMAT, VERSION, f"metadata file {meta}", corrupt, MemmapError)
 
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
         if dtype not in _MAPPABLE:
