@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests property_tests bench --benchmark-disable
+	$(PY) -m mypy --follow-imports=silent examples/typed_tensorclass.py
 
 # Keep in step with BENCH_ARGS in bench/compare.py.
 BENCH_OPTS := --benchmark-max-time=0.25 --benchmark-min-rounds=20 --benchmark-warmup=on \

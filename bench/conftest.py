@@ -5,11 +5,31 @@ cases marked ``pytree`` also run on plain dicts with optree. ``--impls`` narrows
 the set (``bench.compare`` runs tdtree alone). Each result carries
 ``extra_info = {"case": ..., "impl": ...}`` and the case as its group, so the
 report and the terminal table put the implementations of one case together.
+
+Compiled cases take the ``compiler`` fixture. It compiles with
+``fullgraph=True, dynamic=False`` and the backend of ``--compile-backend``:
+by default ``inductor`` when timing and ``eager`` under ``--benchmark-disable``:
+``make test`` runs each case once, to check that it still traces as one graph
+(dynamo's part); inductor's code generation costs seconds per graph on two
+cores, and even aot_eager doubles the cost of the tracing. tests/test_compile_*
+check tdtree's graphs through aot_eager. For the same reason the compiled
+tensordict rows are skipped under ``--benchmark-disable`` unless
+``--compile-backend`` is given.
+
+Bench cases run with ``--torch-threads`` intra-op threads (default 1, restored
+after each case). The suite times what a library adds around torch's kernels;
+on a shared machine torch's thread pool waits at every parallel kernel for a
+thread whose core is busy elsewhere, which made whole cases 10-100x slower in
+one run and not in the next.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
+import torch
 
 from .impls import IMPLS, TENSORDICT_MISSING, Impl
 
@@ -21,6 +41,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--impls",
         default=",".join(ALL),
         help="comma-separated implementations to run the bench cases on (default: all)",
+    )
+    parser.addoption(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads while a bench case runs (default: 1; see the module doc)",
+    )
+    parser.addoption(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend of the compiled cases (default: inductor; eager with --benchmark-disable)",
     )
 
 
@@ -55,6 +86,14 @@ def _case_name(item: pytest.Item) -> str:
     return f"{name}[{'-'.join(ids)}]" if ids else name
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.config.getoption("--torch-threads"))
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def impl(impl_name: str, request: pytest.FixtureRequest, benchmark: object) -> Impl:
     """The implementation under test; labels the case's benchmark result with it."""
@@ -62,3 +101,23 @@ def impl(impl_name: str, request: pytest.FixtureRequest, benchmark: object) -> I
     benchmark.extra_info.update(case=case, impl=impl_name)  # type: ignore[attr-defined]
     benchmark.group = case  # type: ignore[attr-defined]
     return IMPLS[impl_name]
+
+
+@pytest.fixture
+def compiler(request: pytest.FixtureRequest, impl_name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``torch.compile(fn, fullgraph=True, dynamic=False)`` with the session's backend (see the module doc)."""
+    backend = request.config.getoption("--compile-backend")
+    once = backend is None and request.config.getoption("benchmark_disable")
+    if backend is None:
+        backend = "eager" if once else "inductor"
+
+    def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if once and impl_name == "tensordict":
+            pytest.skip("compiled tensordict rows run when timing: tracing tensordict takes seconds per case")
+        # Each case starts from empty caches: modules of one class share their
+        # forward's code object, and the cases together would pass dynamo's
+        # recompile limit for it (an error under fullgraph=True).
+        torch._dynamo.reset()
+        return torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
+
+    return compile_fn

@@ -42,6 +42,13 @@ def sub_nodes(node: TensorDict) -> list[TensorDict]:
     return [node, *(v for v in node.values(include_nested=True) if isinstance(v, Node))]
 
 
+def assert_same_files(a_node: TensorDict, b_node: TensorDict) -> None:
+    """Every leaf holding data is mapped from the same file in both nodes."""
+    for a, b in zip(leaves(a_node), leaves(b_node), strict=True):
+        if a.numel():
+            assert a.untyped_storage().filename == b.untyped_storage().filename
+
+
 @given(NODES, st.booleans())
 def test_memmap_then_load_memmap_is_the_node(td, locked):
     td = td.lock() if locked else td
@@ -55,9 +62,9 @@ def test_memmap_then_load_memmap_is_the_node(td, locked):
         assert_equal(back, out)
         for node in (*sub_nodes(out), *sub_nodes(back)):
             assert node.tags == MM
-        for a, b in zip(leaves(out), leaves(back), strict=True):
+        assert_same_files(out, back)
+        for a in leaves(out):
             if a.numel():
-                assert a.untyped_storage().filename == b.untyped_storage().filename
                 assert os.path.dirname(a.untyped_storage().filename) == prefix
         assert os.listdir(parent) == ["mm"]
         assert len(os.listdir(prefix)) == len(leaves(td)) + 1
@@ -70,9 +77,7 @@ def test_memmap_node_pickles_to_the_same_files(td):
         back = pickle.loads(pickle.dumps(out))
         assert_equal(back, out)
         assert all(node.tags == MM for node in sub_nodes(back))
-        for a, b in zip(leaves(out), leaves(back), strict=True):
-            if a.numel():
-                assert a.untyped_storage().filename == b.untyped_storage().filename
+        assert_same_files(out, back)
 
 
 @given(NODES, st.booleans())

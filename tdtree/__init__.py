@@ -11,8 +11,8 @@ from ._tags import Tag as Tag
 from .errors import LockedError as LockedError
 
 # operations (issue 3)
-from ._combine import cat as cat
-from ._combine import stack as stack
+from ._tcops import cat as cat
+from ._tcops import stack as stack
 from ._ops import where as where
 
 # tags and shared memory (issue 4)
@@ -23,9 +23,14 @@ from ._memmap import load_memmap as load_memmap
 from ._serialize import load as load
 from ._serialize import save as save
 
-# tensorclass (issue 7)
+# tensorclass (issue 7); tdtree.stack / cat (above) take tensorclass instances too
+from ._tensorclass import TensorClass as TensorClass
+from ._tensorclass import tensorclass as tensorclass
+from .errors import FieldError as FieldError
 
 # interop with tensordict and records (issue 10)
+from .interop import from_tensordict as from_tensordict
+from .interop import to_tensordict as to_tensordict
 
 # vmap
 from ._vmap import vmap as vmap

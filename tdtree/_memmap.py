@@ -48,6 +48,8 @@ __all__ = [
     "describe",
     "assemble",
     "dtype_named",
+    "mappable",
+    "read_header",
     "memmap",
     "load_memmap",
     "reference",
@@ -84,6 +86,32 @@ def dtype_named(name: object) -> torch.dtype | None:
     """The torch dtype spelled ``name`` (``"float32"``), or None."""
     dtype = getattr(torch, name, None) if type(name) is str else None
     return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def mappable(dtype: torch.dtype) -> bool:
+    """Whether ``dtype``'s values are plain bytes, element by element (what a file or a byte buffer holds)."""
+    return dtype in _MAPPABLE
+
+
+def read_header(
+    doc: object, fmt: str, version: int, source: str, corrupt: Callable[[str], Exception], error: type[Exception]
+) -> tuple[type, dict[str, Any]]:
+    """The node type a description (memmap metadata or save file) names, and the description,
+    after checking its header.
+
+    ``doc`` must be a dict of format ``fmt`` and version ``version``, naming a
+    registered node type. A malformed header raises ``corrupt(reason)``; a
+    well-formed one of another version raises ``error`` naming ``source``.
+    """
+    kind = fmt.removeprefix("tdtree-")
+    if type(doc) is not dict or doc.get("format") != fmt:
+        raise corrupt(f"it is not a tdtree {kind} description")
+    if doc.get("version") != version:
+        raise error(f"{source} has format version {doc.get('version')!r}; this tdtree reads version {version}")
+    root = root_named(doc.get("type"))
+    if root is None:
+        raise corrupt(f"unknown node type {doc.get('type')!r}")
+    return root, doc
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -220,8 +248,10 @@ def _write_leaf(path: str, tensor: torch.Tensor) -> None:
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
+    # json.dumps, not json.dump: dump streams through the pure-Python encoder, several times slower
+    text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
     with open(path, "x", encoding="ascii") as f:
-        json.dump(doc, f, ensure_ascii=True, separators=(",", ":"))
+        f.write(text)
 
 
 def _swap_in(tmp: str, prefix: str) -> None:
@@ -240,7 +270,9 @@ def _swap_in(tmp: str, prefix: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def memmap(node: Node, prefix: str | os.PathLike[str], existsok: bool = False) -> Any:
+def memmap(
+    node: Node, prefix: str | os.PathLike[str], existsok: bool = False, record: dict[str, Any] | None = None
+) -> Any:
     """Write every leaf of ``node`` to its own file under ``prefix`` and return the mapped node.
 
     Args:
@@ -251,6 +283,8 @@ def memmap(node: Node, prefix: str | os.PathLike[str], existsok: bool = False) -
         existsok: replace an existing memmap directory (or empty directory)
             at ``prefix``: the new one is written aside and renamed in, the
             old one renamed away and deleted.
+        record: a tensorclass's JSON record (see :mod:`tdtree._tcrecord`),
+            stored in the metadata so that :func:`load_memmap` gives the class back.
 
     Returns:
         A node equal to ``node`` whose leaves are mapped from the files
@@ -279,6 +313,8 @@ def memmap(node: Node, prefix: str | os.PathLike[str], existsok: bool = False) -
         "tags": sorted(t.name for t in _TAGS),
         "tree": tree,
     }
+    if record is not None:
+        doc["record"] = record
     parent, name = os.path.split(prefix)
     where = prefix
     try:
@@ -350,15 +386,7 @@ def _open(prefix: str, doc: object, writable: bool) -> Any:
     def corrupt(reason: str) -> MemmapError:
         return MemmapError(f"corrupt metadata file {meta}: {reason}")
 
-    if type(doc) is not dict or doc.get("format") != FORMAT:
-        raise corrupt("it is not a tdtree memmap description")
-    if doc.get("version") != VERSION:
-        raise MemmapError(
-            f"metadata file {meta} has format version {doc.get('version')!r}; this tdtree reads version {VERSION}"
-        )
-    root = root_named(doc.get("type"))
-    if root is None:
-        raise corrupt(f"unknown node type {doc.get('type')!r}")
+    root, doc = read_header(doc, FORMAT, VERSION, f"metadata file {meta}", corrupt, MemmapError)
 
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
         if dtype not in _MAPPABLE:
@@ -385,7 +413,8 @@ def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
             in this process's memory; the files never change.
 
     Returns:
-        The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node.
+        The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node; a tensorclass
+        instance when a tensorclass was memmapped (its class must be defined in this process).
 
     Raises:
         MemmapError: naming the file: a missing or corrupt metadata file, an
@@ -407,7 +436,12 @@ def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as err:
         raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
-    return _open(prefix, doc, writable=mode == "r+")
+    node = _open(prefix, doc, writable=mode == "r+")
+    if doc.get("record") is None:
+        return node
+    from ._tcrecord import from_record
+
+    return from_record(node, doc["record"], lambda reason: MemmapError(f"corrupt metadata file {meta}: {reason}"))
 
 
 # -- pickling by reference --------------------------------------------------------------------

@@ -16,13 +16,14 @@ Guarantees:
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ItemsView, KeysView, ValuesView
 
 import torch
 
 from . import _combine, _device, _index, _keyops, _maps, _ops, _shape
-from . import _inplace, _shared
+from . import _inplace, _records, _shared
 from ._base import Node
 from ._keys import NestedKey, as_path
 from ._repr import node_repr
@@ -52,6 +53,8 @@ class TensorDict(Node):
     """
 
     __slots__ = ()
+    # Set in the body, not after: registration (pytree names, tagged variants) happens at class creation.
+    __module__ = "tdtree"
 
     def __init__(
         self,
@@ -75,6 +78,20 @@ class TensorDict(Node):
     ) -> TensorDict:
         """A node from nested mappings; ``batch_size=None`` infers the longest common prefix per level."""
         return _keyops.from_dict(cls._root, data, batch_size, device)
+
+    @classmethod
+    def from_dataclass(cls, obj: Any, batch_size: int | Sequence[int] | None = None, device: Any = None) -> TensorDict:
+        """A node with one entry per field of a dataclass instance; nested records nest; batch size as from_dict."""
+        return _records.from_dataclass(cls._root, obj, batch_size, device)
+
+    @classmethod
+    def from_namedtuple(cls, obj: Any, batch_size: int | Sequence[int] | None = None, device: Any = None) -> TensorDict:
+        """A node with one entry per field of a named tuple; nested records nest; batch size as from_dict."""
+        return _records.from_namedtuple(cls._root, obj, batch_size, device)
+
+    def to_namedtuple(self) -> Any:
+        """A named tuple of the same tensors, fields in key order, sub-nodes nested; drops batch size and tags."""
+        return _records.to_namedtuple(self)
 
     # -- metadata -------------------------------------------------------------
 
@@ -551,12 +568,10 @@ class TensorDict(Node):
 
     # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------
 
-    def memmap(self, prefix: Any, existsok: bool = False) -> TensorDict:
+    def memmap(self, prefix: Any, existsok: builtins.bool = False) -> TensorDict:
         """A node equal to this one with leaves mapped from files under the directory ``prefix`` (str or
         path); tags ``{Memmap, Locked}`` (made, not kept). See :func:`tdtree._memmap.memmap`."""
         from ._memmap import memmap
 
         return memmap(self, prefix, existsok)
 
-
-TensorDict.__module__ = "tdtree"

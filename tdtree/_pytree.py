@@ -9,6 +9,7 @@ must never claim a batch size its leaves do not have.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import optree
@@ -65,7 +66,12 @@ def _dumpable(meta: tuple) -> dict[str, Any]:
 
 
 def register(cls: type) -> None:
-    """Register ``cls`` (a node type with its ``_tags``) with both pytree registries."""
+    """Register ``cls`` (a node type with its ``_tags``) with both pytree registries.
+
+    Registering a root type also makes every tagged variant of it: torch finds
+    a type by its serialized name when ``torch.export.load`` reads a program, so
+    ``TensorDict[Locked]`` must exist before any node of it does.
+    """
 
     def unflatten(meta: tuple, values: Any) -> Any:
         return from_meta(cls, meta, values)
@@ -94,3 +100,10 @@ def register(cls: type) -> None:
         from_dumpable_context=from_dumpable,
         flatten_with_keys_fn=_torch_flatten_with_keys,
     )
+    if "_tags" not in cls.__dict__:  # a root type; its variants set their own tags
+        from ._tags import Locked, Memmap, Shared, tagged_type
+
+        every = (Locked, Memmap, Shared)
+        for n in range(1, len(every) + 1):
+            for tags in itertools.combinations(every, n):
+                tagged_type(cls, tags)

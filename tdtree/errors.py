@@ -8,6 +8,7 @@ from collections.abc import Iterable
 __all__ = [
     "BatchDimError",
     "BatchSizeError",
+    "FieldError",
     "KeyCollisionError",
     "KeyMismatchError",
     "KeyNotFoundError",
@@ -115,7 +116,7 @@ class OutKeysError(ValueError):
 class StructureMismatchError(ValueError):
     """Processes exchanging nodes over ``tdtree.distributed`` hold nodes of different structures.
 
-    Raised on every side of the exchange, before any data moves: the message names the keys found
+    Raised on every side of the exchange, before any data is used: the message names the keys found
     on one side only and the keys whose shape, dtype or batch size differ, with the ranks holding
     each. ``differences`` holds those lines.
     """
@@ -126,3 +127,8 @@ class StructureMismatchError(ValueError):
             f"{op}: the processes' nodes differ, so the transfer was refused: " + "; ".join(self.differences)
             + ". Every process must pass a node (or template) with the same keys, shapes and dtypes."
         )
+
+
+class FieldError(TypeError):
+    """A tensorclass was given an unknown or missing field, a value whose type does not fit the
+    field, or a class body declares a field it cannot have; the message names the field."""

@@ -83,6 +83,24 @@ def test_from_module_without_buffers_gives_empty_buffer_node() -> None:
     assert len(list(params.keys(include_nested=True, leaves_only=True))) == 6
 
 
+def test_from_module_equals_the_validating_constructor_devices_included() -> None:
+    m = nn.ModuleDict({"host": nn.Linear(2, 3), "lazy": nn.Linear(2, 3, device="meta"), "act": nn.ReLU()})
+    m.register_buffer("step", torch.zeros((), dtype=torch.int64))
+    p = from_module(m)
+    expected = tt.TensorDict(
+        {
+            "host": dict(m["host"].named_parameters()),
+            "lazy": tt.TensorDict(dict(m["lazy"].named_parameters()), []),
+            "step": m.step,
+        },
+        [],
+    )
+    assert p.device is None and p["host"].device == torch.device("cpu") and p["lazy"].device == torch.device("meta")
+    assert tt.tree.structure(p) == tt.tree.structure(expected)
+    assert all(a is b for a, b in zip(tt.tree.leaves(p), tt.tree.leaves(expected)))
+    assert list(p.keys()) == ["host", "lazy", "step"]
+
+
 def test_from_module_tied_weights_once_per_path_same_storage() -> None:
     m = Tied()
     p = from_module(m)

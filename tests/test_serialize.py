@@ -76,6 +76,27 @@ def test_views_are_saved_as_compact_values(tmp_path):
     assert back["e"].stride() == (3, 1)
 
 
+def test_cpu_leaves_load_as_aligned_disjoint_views_of_one_buffer(tmp_path):
+    td = nested()
+    tt.save(td, tmp_path / "td.pt")
+    back = tt.load(tmp_path / "td.pt")
+    leaves = [x for x in back.values(True, True) if x.numel()]
+    assert len({x.untyped_storage().data_ptr() for x in leaves}) == 1
+    assert all(x.data_ptr() % 64 == 0 and x.is_contiguous() for x in leaves)
+    back["obs"].fill_(7.0)
+    assert_equal(back.exclude("obs"), td.exclude("obs"))
+
+
+def test_leaves_off_the_cpu_are_saved_apart(tmp_path):
+    td = TensorDict({"a": torch.ones(2), "m": torch.empty(2, 5, device="meta"), "z": torch.zeros(2, 3)}, [2])
+    tt.save(td, tmp_path / "td.pt")
+    payload = torch.load(tmp_path / "td.pt", weights_only=True)
+    assert json.loads(payload["tdtree"])["packed"] == [0, 2] and len(payload["tensors"]) == 1
+    back = tt.load(tmp_path / "td.pt")
+    assert back["m"].device == torch.device("meta") and back["m"].shape == (2, 5) and back.device is None
+    assert torch.equal(back["a"], td["a"]) and torch.equal(back["z"], td["z"])
+
+
 def test_conjugate_views_are_saved_resolved(tmp_path):
     z = torch.tensor([1 + 2j], dtype=torch.complex64)
     tt.save(TensorDict({"c": z.conj()}, [1]), tmp_path / "td.pt")
@@ -153,7 +174,7 @@ def test_malicious_pickle_is_refused_and_never_run(tmp_path, writer):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.pt"
     if writer == "torch.save":
-        torch.save({"tdtree": "{}", "tensors": [Marker(marker)]}, path)
+        torch.save({"tdtree": "{}", "packed": torch.zeros(0, dtype=torch.uint8), "tensors": [Marker(marker)]}, path)
     else:
         path.write_bytes(pickle.dumps(Marker(marker), protocol=2))
     with pytest.raises(SerializationError, match=r"refused to load .*evil.pt: .*GLOBAL posix.system"):
@@ -163,7 +184,7 @@ def test_malicious_pickle_is_refused_and_never_run(tmp_path, writer):
 
 def test_a_pickled_node_is_not_a_save_file(tmp_path):
     torch.save(nested(), tmp_path / "node.pt")
-    with pytest.raises(SerializationError, match=r"corrupt tdtree save file .*node.pt: it does not hold a tdtree description"):
+    with pytest.raises(SerializationError, match=r"corrupt tdtree save file .*node.pt: it does not hold a tdtree description, a packed buffer"):
         tt.load(tmp_path / "node.pt")
 
 
@@ -189,17 +210,29 @@ def rewrite(path, fn):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda d, p: d.update(version=2), r"td.pt has format version 2; this tdtree reads version 1"),
-        (lambda d, p: d.update(format="other"), r"corrupt tdtree save file .*: its description is not a tdtree save"),
+        (lambda d, p: d.update(version=3), r"td.pt has format version 3; this tdtree reads version 2"),
+        (lambda d, p: d.update(format="other"), r"corrupt tdtree save file .*: it is not a tdtree save description"),
         (lambda d, p: d.update(type="builtins.eval"), r"corrupt tdtree save file .*: unknown node type 'builtins.eval'"),
-        (lambda d, p: p["tensors"].append(torch.zeros(1)), r"corrupt tdtree save file .*: it holds 4 tensors for 3 leaves"),
-        (lambda d, p: p["tensors"].pop(), r"leaf \('c', 'd'\) should be torch.float32 \(2,\), found None"),
-        (lambda d, p: p["tensors"].__setitem__(0, torch.zeros(2, dtype=torch.int32)), r"leaf 'a' should be torch.float32 \(2, 1\), found torch.int32 \(2,\)"),
+        (lambda d, p: d.update(tags="Locked"), r"corrupt tdtree save file .*: malformed tags 'Locked'"),
+        (lambda d, p: p["tensors"].append(torch.zeros(1)), r"corrupt tdtree save file .*: it holds 1 separate tensors for 0 leaves"),
+        (lambda d, p: d.update(packed=[0, 1]), r"leaf \('c', 'd'\) should be torch.float32 \(2,\), found None"),
+        (
+            lambda d, p: (d.update(packed=[1, 2]), p["tensors"].append(torch.zeros(2, dtype=torch.int32))),
+            r"leaf 'a' should be torch.float32 \(2, 1\), found torch.int32 \(2,\)",
+        ),
+        (lambda d, p: d.update(packed=[0, 1, 2, 3]), r"its list of packed leaves names 4 leaves, it holds 3"),
+        (lambda d, p: d.update(packed=[2, 1]), r"malformed list of packed leaves \[2, 1\]"),
+        (lambda d, p: p.update(packed=p["packed"][:-1]), r"its packed buffer holds 135 bytes, too few for leaf \('c', 'd'\)"),
+        (lambda d, p: p.update(packed=torch.zeros(200, dtype=torch.uint8)), r"its packed buffer holds 200 bytes for 136 bytes of leaves"),
+        (lambda d, p: p.update(packed=torch.zeros(136)), r"packed buffer should be a contiguous 1-d uint8 tensor, found torch.float32 \(136,\)"),
         (lambda d, p: d["tree"].update(batch_size=[3]), r"entry 'a' has shape \(2, 1\), which does not start with the batch_size \(3,\)"),
         (lambda d, p: d["tree"].update(device="nowhere"), r"unknown device 'nowhere'"),
         (lambda d, p: d["tree"].update(device="meta"), r"the root node is on meta but its leaf 'a' is on cpu"),
     ],
-    ids=["version", "format", "type", "extra", "missing", "mismatch", "batch", "device", "device-leaf"],
+    ids=[
+        "version", "format", "type", "tags", "extra", "missing", "mismatch", "packed-extra", "packed-order",
+        "buffer-short", "buffer-long", "buffer-dtype", "batch", "device", "device-leaf",
+    ],
 )
 def test_descriptions_that_do_not_fit(tmp_path, edit, message):
     path = tmp_path / "td.pt"
@@ -210,6 +243,6 @@ def test_descriptions_that_do_not_fit(tmp_path, edit, message):
 
 
 def test_description_that_is_not_json(tmp_path):
-    torch.save({"tdtree": "{nope", "tensors": []}, tmp_path / "td.pt")
+    torch.save({"tdtree": "{nope", "packed": torch.zeros(0, dtype=torch.uint8), "tensors": []}, tmp_path / "td.pt")
     with pytest.raises(SerializationError, match=r"corrupt tdtree save file .*td.pt: its description is not JSON"):
         tt.load(tmp_path / "td.pt")

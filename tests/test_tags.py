@@ -16,6 +16,8 @@ from tdtree._tags import retag, tag_rule
 from tdtree.errors import LockedError
 from tdtree.testing import assert_equal
 
+from _tagsets import tag_sets
+
 SL = frozenset({tt.Shared, tt.Locked})
 
 
@@ -28,15 +30,6 @@ def _plain() -> tt.TensorDict:
 
 def _shared() -> tt.TensorDict:
     return _plain().share_memory()
-
-
-def _all_tags(td: tt.TensorDict) -> set[frozenset]:
-    """The tag sets of the node and every sub-node."""
-    found = {td.tags}
-    for _, v in td.items(include_nested=True):
-        if isinstance(v, tt.TensorDict):
-            found.add(v.tags)
-    return found
 
 
 def _ptrs(td: tt.TensorDict) -> set[int]:
@@ -134,9 +127,9 @@ def test_multiprocessing_pickle_keeps_tags_and_storages() -> None:
 
 def test_sub_nodes_carry_the_root_tags() -> None:
     td = _shared()
-    assert _all_tags(td) == {SL}
+    assert tag_sets(td) == {SL}
     assert type(td["n"]) is tt.TensorDict[tt.Shared, tt.Locked]
-    assert _all_tags(_plain().lock()) == {frozenset({tt.Locked})}
+    assert tag_sets(_plain().lock()) == {frozenset({tt.Locked})}
 
 
 @pytest.mark.parametrize(
@@ -153,14 +146,14 @@ def test_sub_nodes_carry_the_root_tags() -> None:
 def test_ops_that_reuse_storage_keep_the_tags(op) -> None:
     td = _shared()
     out = op(td)
-    assert _all_tags(out) == {SL}
+    assert tag_sets(out) == {SL}
     assert _ptrs(out) <= _ptrs(td)
 
 
 def test_clone_drops_the_tags() -> None:
     td = _shared()
     out = td.clone()
-    assert _all_tags(out) == {frozenset()}
+    assert tag_sets(out) == {frozenset()}
     assert type(out) is tt.TensorDict
     assert _ptrs(out).isdisjoint(_ptrs(td))
 
@@ -170,7 +163,7 @@ def test_a_result_without_data_keeps_the_common_tags() -> None:
     assert type(td.select()) is type(td)
     assert type(td.exclude("a", "b", "n")) is type(td)
     empty = tt.TensorDict({"e": torch.zeros(2, 0), "n": {"f": torch.zeros(2, 0, 3)}}, batch_size=[2]).share_memory()
-    assert _all_tags(empty.clone()) == {SL}  # new tensors, but no byte of data: nothing contradicts the claim
+    assert tag_sets(empty.clone()) == {SL}  # new tensors, but no byte of data: nothing contradicts the claim
 
 
 def test_zero_byte_storages_never_decide() -> None:
@@ -250,7 +243,7 @@ def test_locked_error_is_a_runtime_error() -> None:
 def test_lock_and_unlock() -> None:
     td = _shared()
     unlocked = td.unlock()
-    assert _all_tags(unlocked) == {frozenset({tt.Shared})}
+    assert tag_sets(unlocked) == {frozenset({tt.Shared})}
     assert _ptrs(unlocked) == _ptrs(td)
     assert type(unlocked.lock()) is type(td)
     assert td.lock() is td  # already carries the tags everywhere
@@ -260,7 +253,7 @@ def test_lock_and_unlock() -> None:
 def test_unlocked_shared_set_new_storage_drops_tags() -> None:
     td = _shared().unlock()
     out = td.set("z", torch.ones(2))
-    assert type(out) is tt.TensorDict and _all_tags(out) == {frozenset()}
+    assert type(out) is tt.TensorDict and tag_sets(out) == {frozenset()}
     assert type(td) is tt.TensorDict[tt.Shared]
 
 
@@ -268,22 +261,22 @@ def test_unlocked_shared_set_same_storage_keeps_tags() -> None:
     td = _shared().unlock()
     out = td.set("z", td["a"])
     assert type(out) is tt.TensorDict[tt.Shared]
-    assert _all_tags(out) == {frozenset({tt.Shared})}
+    assert tag_sets(out) == {frozenset({tt.Shared})}
     nested = td.set(("n", "d"), td["a"][:, 0:1])
-    assert _all_tags(nested) == {frozenset({tt.Shared})}
+    assert tag_sets(nested) == {frozenset({tt.Shared})}
 
 
 def test_constructor_makes_untagged_nodes() -> None:
     shared = _shared()
     outer = tt.TensorDict({"inner": shared}, batch_size=[2])
-    assert _all_tags(outer) == {frozenset()}
+    assert tag_sets(outer) == {frozenset()}
     assert tt.TensorDict(shared, batch_size=[2]).tags == frozenset()
 
 
 def test_retag_reuses_leaves_and_returns_uniform_nodes() -> None:
     td = _plain()
     tagged = retag(td, SL)
-    assert _all_tags(tagged) == {SL}
+    assert tag_sets(tagged) == {SL}
     assert _ptrs(tagged) == _ptrs(td)
     assert retag(tagged, SL) is tagged
 

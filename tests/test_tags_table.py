@@ -16,6 +16,8 @@ import torch
 
 import tdtree as tt
 
+from _tagsets import tag_sets
+
 SL = frozenset({tt.Shared, tt.Locked})
 
 
@@ -34,14 +36,6 @@ def _node() -> tt.TensorDict:
 
 def _results(out: Any) -> list[tt.TensorDict]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def _tag_sets(td: tt.TensorDict) -> set[frozenset]:
-    found = {td.tags}
-    for _, v in td.items(include_nested=True):
-        if isinstance(v, tt.TensorDict):
-            found.add(v.tags)
-    return found
 
 
 def _data_storages(td: tt.TensorDict) -> set[int]:
@@ -91,7 +85,7 @@ def test_ops_that_reuse_storage_keep_the_tags(name: str) -> None:
     results = _results(KEEP[name](td))
     assert results
     for out in results:
-        assert _tag_sets(out) == {SL}, f"{name}: tags {_tag_sets(out)}"
+        assert tag_sets(out) == {SL}, f"{name}: tags {tag_sets(out)}"
         assert _data_storages(out) <= _data_storages(td)
 
 
@@ -101,7 +95,7 @@ def test_ops_that_make_storage_drop_the_tags(name: str) -> None:
     results = _results(DROP[name](td))
     assert results
     for out in results:
-        assert _tag_sets(out) == {frozenset()}, f"{name}: tags {_tag_sets(out)}"
+        assert tag_sets(out) == {frozenset()}, f"{name}: tags {tag_sets(out)}"
         assert not _data_storages(out) <= _data_storages(td)
 
 
@@ -131,7 +125,7 @@ def _no_data() -> tt.TensorDict:
 @pytest.mark.parametrize("name", sorted(DROP))
 def test_results_without_data_keep_the_tags(name: str) -> None:
     for out in _results(DROP[name](_no_data())):
-        assert _tag_sets(out) == {SL}, f"{name} on a node without data: tags {_tag_sets(out)}"
+        assert tag_sets(out) == {SL}, f"{name} on a node without data: tags {tag_sets(out)}"
 
 
 def test_zero_size_batch_keeps_the_tags_through_copies() -> None:

@@ -13,26 +13,58 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._base import Node
+from .._base import Node, make
 from .._node import TensorDict
 from .._tags import tag_rule
-from .._validate import build
 
 __all__ = ["from_module", "functional_call"]
 
 
-def _collect(module: nn.Module, params: bool, buffers: bool) -> dict[str, Any]:
+_NO_BATCH = torch.Size(())
+
+
+def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | None:
+    """The node of ``module``'s tensors, or None when it and its sub-modules hold none.
+
+    Built with ``make``, not the validating constructor: a module's tensors
+    always fit batch size ``()`` and its attribute names are distinct strs. The
+    device is found as ``build`` finds it: the one every entry has, else None
+    (a sub-node's None means its own leaves disagree). This keeps
+    ``from_module`` at a walk over the module's dicts.
+    """
     data: dict[str, Any] = {}
     if params:
-        data.update((k, v) for k, v in module._parameters.items() if v is not None)
+        for k, v in module._parameters.items():
+            if v is not None:
+                data[k] = v
     if buffers:
-        data.update((k, v) for k, v in module._buffers.items() if v is not None)
+        for k, b in module._buffers.items():
+            if b is not None:
+                data[k] = b
+    device: torch.device | None = None
+    first = True
+    for v in data.values():
+        if first:
+            device, first = v.device, False
+        elif v.device != device:
+            device = None  # and None from here on: no later device equals it
     for name, sub in module._modules.items():
         if sub is not None:
             child = _collect(sub, params, buffers)
-            if child:
+            if child is not None:
                 data[name] = child
-    return data
+                if first:
+                    device, first = child._meta[2], False
+                elif child._meta[2] != device:
+                    device = None
+    if first:
+        return None
+    return make(TensorDict, {k: data[k] for k in sorted(data)}, _NO_BATCH, device)
+
+
+def _node(module: nn.Module, params: bool, buffers: bool) -> TensorDict:
+    node = _collect(module, params, buffers)
+    return make(TensorDict, {}, _NO_BATCH, None) if node is None else node
 
 
 @tag_rule
@@ -57,13 +89,9 @@ def from_module(module: nn.Module, *, split: bool = False) -> TensorDict | tuple
     >>> from_module(nn.Sequential(nn.Linear(3, 4))).keys(include_nested=True)
     dict_keys(['0', ('0', 'bias'), ('0', 'weight')])
     """
-    empty = torch.Size(())
     if split:
-        return (
-            build(TensorDict, _collect(module, True, False), empty, None),
-            build(TensorDict, _collect(module, False, True), empty, None),
-        )
-    return build(TensorDict, _collect(module, True, True), empty, None)
+        return _node(module, True, False), _node(module, False, True)
+    return _node(module, True, True)
 
 
 def _flat(node: Node, prefix: str, out: dict[str, torch.Tensor]) -> None:
@@ -74,14 +102,24 @@ def _flat(node: Node, prefix: str, out: dict[str, torch.Tensor]) -> None:
             out[prefix + k] = v
 
 
+def _paths(module: nn.Module, kind: str, prefix: str, groups: dict[torch.Tensor, list[str]]) -> None:
+    # named_parameters(remove_duplicate=False) in pre-order, without its generators:
+    # functional_call walks the module on every call, so the walk is kept lean.
+    for name, tensor in getattr(module, kind).items():
+        if tensor is not None:
+            groups.setdefault(tensor, []).append(prefix + name)
+    for name, sub in module._modules.items():
+        if sub is not None:
+            _paths(sub, kind, prefix + name + ".", groups)
+
+
 def _tie(module: nn.Module, flat: dict[str, torch.Tensor]) -> None:
     # Tied paths share one tensor in the module; every path of a tied group
-    # takes the value given for its first path (module order), so a gradient
-    # or an optimiser step never unties them.
+    # takes the value given for its first path (module order: parameters, then
+    # buffers), so a gradient or an optimiser step never unties them.
     groups: dict[torch.Tensor, list[str]] = {}
-    for named in (module.named_parameters(remove_duplicate=False), module.named_buffers(remove_duplicate=False)):
-        for name, tensor in named:
-            groups.setdefault(tensor, []).append(name)
+    _paths(module, "_parameters", "", groups)
+    _paths(module, "_buffers", "", groups)
     for names in groups.values():
         if len(names) > 1:
             given = [n for n in names if n in flat]

@@ -1,0 +1,226 @@
+"""Tensorclasses, after tensordict's benchmarks/tensorclass/test_tensorclass_speed.py (``test_tc_*``)
+and the tensorclass cases of its benchmarks/compile/compile_td_test.py (eager mode only: compiling in
+every ``make test`` run would cost too much; tests/test_tensorclass.py checks the compiled path).
+
+The record is tensordict's ``MyData``: tensors ``a``, ``b``, a string ``c`` and an optional nested
+``MyData`` ``d``; ``ManyFields`` has ten tensor fields. The tdtree row uses ``tdtree.TensorClass``,
+the tensordict row ``tensordict.tensorclass``. tensordict's suite passes ints for tensor fields
+(it converts them); both rows here get 0-dim tensors, as in its ``test_tc_init`` case.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import pytest
+import torch
+
+import tdtree
+
+from .impls import Impl, tensordict
+
+
+class MyData(tdtree.TensorClass):
+    a: torch.Tensor
+    b: torch.Tensor
+    c: str
+    d: Optional[MyData] = None
+
+
+class ManyFields(tdtree.TensorClass):
+    f0: torch.Tensor
+    f1: torch.Tensor
+    f2: torch.Tensor
+    f3: torch.Tensor
+    f4: torch.Tensor
+    f5: torch.Tensor
+    f6: torch.Tensor
+    f7: torch.Tensor
+    f8: torch.Tensor
+    f9: torch.Tensor
+
+
+class Flat(tdtree.TensorClass):
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    d: torch.Tensor
+    e: torch.Tensor
+    f: torch.Tensor
+
+
+class ReplaceState(tdtree.TensorClass):
+    x: torch.Tensor
+    y: torch.Tensor
+    z: torch.Tensor
+    w: torch.Tensor
+    v: torch.Tensor
+
+
+if tensordict is not None:
+
+    @tensordict.tensorclass
+    class TDMyData:
+        a: torch.Tensor
+        b: torch.Tensor
+        c: str
+        d: Optional[TDMyData] = None
+
+    @tensordict.tensorclass
+    class TDFlat:
+        a: torch.Tensor
+        b: torch.Tensor
+        c: torch.Tensor
+        d: torch.Tensor
+        e: torch.Tensor
+        f: torch.Tensor
+
+    @tensordict.tensorclass
+    class TDReplaceState:
+        x: torch.Tensor
+        y: torch.Tensor
+        z: torch.Tensor
+        w: torch.Tensor
+        v: torch.Tensor
+
+    @tensordict.tensorclass
+    class TDManyFields:
+        f0: torch.Tensor
+        f1: torch.Tensor
+        f2: torch.Tensor
+        f3: torch.Tensor
+        f4: torch.Tensor
+        f5: torch.Tensor
+        f6: torch.Tensor
+        f7: torch.Tensor
+        f8: torch.Tensor
+        f9: torch.Tensor
+
+
+def _my_data(impl: Impl) -> Any:
+    return MyData if impl.name == "tdtree" else TDMyData
+
+
+def _record(impl: Impl) -> Any:
+    cls = _my_data(impl)
+    inner = cls(a=torch.zeros(()), b=torch.ones(()), c="a string", d=None)
+    return cls(a=torch.zeros(()), b=torch.ones(()), c="a string", d=inner)
+
+
+@pytest.mark.quick
+def test_tc_init(benchmark, impl: Impl) -> None:
+    cls, z, o = _my_data(impl), torch.zeros(()), torch.ones(())
+    out = benchmark(lambda: cls(a=z, b=o, c="a string", d=None))
+    assert out.a is z and out.c == "a string" and out.d is None
+
+
+def test_tc_init_nested(benchmark, impl: Impl) -> None:
+    cls, z, o = _my_data(impl), torch.zeros(()), torch.ones(())
+    out = benchmark(lambda: cls(a=z, b=o, c="a string", d=cls(a=z, b=o, c="a string", d=None)))
+    assert out.d.a is z and out.d.c == "a string"
+
+
+def test_tc_init_many_fields(benchmark, impl: Impl) -> None:
+    cls: Any = ManyFields if impl.name == "tdtree" else TDManyFields
+    z = torch.zeros(())
+    kwargs = {f"f{i}": z for i in range(10)}
+    out = benchmark(lambda: cls(**kwargs))
+    assert out.f9 is z
+
+
+@pytest.mark.quick
+def test_tc_first_layer_tensor(benchmark, impl: Impl) -> None:
+    d = _record(impl)
+    assert benchmark(lambda: d.a).shape == ()
+
+
+def test_tc_first_layer_nontensor(benchmark, impl: Impl) -> None:
+    d = _record(impl)
+    assert benchmark(lambda: d.c) == "a string"
+
+
+def test_tc_second_layer_tensor(benchmark, impl: Impl) -> None:
+    d = _record(impl)
+    assert benchmark(lambda: d.d.a).shape == ()
+
+
+def test_tc_second_layer_nontensor(benchmark, impl: Impl) -> None:
+    d = _record(impl)
+    assert benchmark(lambda: d.d.c) == "a string"
+
+
+# -- compile_td_test.py's tensorclass cases, eager ---------------------------------------------
+
+
+def _flat(impl: Impl) -> Any:
+    cls = Flat if impl.name == "tdtree" else TDFlat
+    return cls(**{k: torch.ones(15) for k in "abcdef"})
+
+
+def _replace_state(impl: Impl) -> Any:
+    cls = ReplaceState if impl.name == "tdtree" else TDReplaceState
+    return cls(**{k: torch.randn(4) for k in "xyzwv"}, batch_size=[4])
+
+
+@pytest.mark.parametrize("mode", ["eager"])
+def test_compile_add_one_flat_tensorclass(benchmark, impl: Impl, mode: str) -> None:
+    tc = _flat(impl)
+    out = benchmark(lambda: tc + 1)
+    assert type(out) is type(tc) and out.f[0] == 2
+
+
+@pytest.mark.parametrize("mode", ["eager"])
+def test_compile_add_self_flat_tensorclass(benchmark, impl: Impl, mode: str) -> None:
+    tc = _flat(impl)
+    out = benchmark(lambda: tc + tc)
+    assert type(out) is type(tc) and out.a[0] == 2
+
+
+def _replace_multi(s: Any) -> Any:
+    s = s.replace(x=s.x + 1)
+    s = s.replace(y=s.y + 2)
+    s = s.replace(z=s.z + 3)
+    s = s.replace(x=s.x * 0.9, y=s.y * 0.9)
+    s = s.replace(w=s.w + s.x)
+    s = s.replace(v=s.v - 1, w=s.w + 1)
+    s = s.replace(x=s.x + s.v, y=s.y + s.w, z=s.z + 0.1)
+    s = s.replace(v=torch.zeros_like(s.v))
+    s = s.replace(w=torch.ones_like(s.w))
+    return s.replace(x=s.x + s.y + s.z)
+
+
+@pytest.mark.parametrize("mode", ["eager"])
+@pytest.mark.parametrize("variant", ["single", "multi"])
+def test_compile_replace(benchmark, impl: Impl, mode: str, variant: str) -> None:
+    s = _replace_state(impl)
+    fn = (lambda: s.replace(x=s.x + 1)) if variant == "single" else (lambda: _replace_multi(s))
+    out = benchmark(fn)
+    assert type(out) is type(s)
+    if variant == "single":
+        assert torch.equal(out.x, s.x + 1)
+    else:
+        assert torch.equal(out.v, torch.zeros(4)) and torch.equal(out.w, torch.ones(4))
+
+
+def _big20(impl: Any) -> Any:
+    """A tensor-only class of 20 fields f0..f19 for the implementation, as compile_td_test's BigTC20."""
+    body = {"__annotations__": {f"f{i}": torch.Tensor for i in range(20)}, "__module__": __name__}
+    decorate = tdtree.tensorclass if impl.name == "tdtree" else tensordict.tensorclass
+    return decorate(type("BigTC20", (), body))
+
+
+_BIG20: dict[str, Any] = {}
+
+
+@pytest.mark.parametrize("mode", ["eager"])
+def test_compile_tc_getattr_20(benchmark, impl: Impl, mode: str) -> None:
+    cls = _BIG20.get(impl.name) or _BIG20.setdefault(impl.name, _big20(impl))
+    tc = cls(**{f"f{i}": torch.randn(4) for i in range(20)}, batch_size=[4])
+
+    def getattr_sum() -> torch.Tensor:
+        total = tc.f0
+        for i in range(1, 20):
+            total = total + getattr(tc, f"f{i}")
+        return total
+
+    assert torch.allclose(benchmark(getattr_sum), sum(getattr(tc, f"f{i}") for i in range(20)))

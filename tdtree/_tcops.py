@@ -1,0 +1,390 @@
+"""The operations of a tensorclass: thin methods over the TensorDict operations of its inner node.
+
+Each method runs the TensorDict method on ``self._td`` (tensorclass operands
+unwrapped to their inner nodes) and rewraps the node it returns as the same
+class, with the same static fields (a tuple of nodes: each one). Tags, errors,
+and what keeps storage are therefore exactly the TensorDict's; the docstrings
+say what the result keeps.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Self, TypeVar
+
+import torch
+
+from . import _combine
+from ._base import Node
+from ._tags import Locked, Memmap, Shared, Tag
+from .errors import LockedError
+
+if TYPE_CHECKING:
+    from ._node import TensorDict
+
+__all__ = ["RecordOps", "stack", "cat"]
+
+
+def _unwrap(x: Any) -> Any:
+    return x._td if isinstance(x, RecordOps) else x
+
+
+class RecordOps:
+    """Operations of :class:`tdtree.TensorClass` (mixed in; every result is the instance's class)."""
+
+    __slots__ = ()
+    _td: TensorDict
+    _static: tuple[tuple[str, Any], ...]
+
+    def _wrap(self, out: TensorDict) -> Self:
+        """``out`` (a result of an operation on the inner node) as this instance's class."""
+        raise NotImplementedError
+
+    def _wrap_each(self, outs: tuple[TensorDict, ...]) -> tuple[Self, ...]:
+        return tuple(self._wrap(out) for out in outs)
+
+    def _wrap_any(self, out: Any) -> Any:
+        """A node rewrapped, a tuple of nodes each, anything else (a tensor, NotImplemented) as is."""
+        if isinstance(out, Node):
+            return self._wrap(out)  # type: ignore[arg-type]
+        if type(out) is tuple:
+            return self._wrap_each(out)
+        return out
+
+    # -- metadata and conversion ----------------------------------------------------------------
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._td._meta[1]
+
+    @property
+    def ndim(self) -> int:
+        return len(self._td._meta[1])
+
+    def dim(self) -> int:
+        return len(self._td._meta[1])
+
+    def numel(self) -> int:
+        """The number of batch elements (the product of ``batch_size``)."""
+        return self._td._meta[1].numel()
+
+    @property
+    def tags(self) -> frozenset[Tag]:
+        return self._td._meta[3]
+
+    @property
+    def is_locked(self) -> bool:
+        return Locked in self._td._meta[3]
+
+    @property
+    def is_shared(self) -> bool:
+        return Shared in self._td._meta[3]
+
+    @property
+    def is_memmap(self) -> bool:
+        return Memmap in self._td._meta[3]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the distinct storages the data fields use."""
+        return self._td.nbytes
+
+    def to_tensordict(self) -> TensorDict:
+        """The inner node: the data fields (nested tensorclasses as nodes), same leaves and tags;
+        static fields are not in it."""
+        return self._td
+
+    def replace(self, **fields: Any) -> Self:
+        """A new instance with ``fields`` replaced, checked as in the constructor; the other fields
+        shared. Tags by the rule (kept when every leaf is one this instance had).
+
+        Raises:
+            LockedError: the instance is ``Locked`` (write in place with ``copy_`` or ``unlock()``).
+            FieldError: an unknown field, or a value of the wrong type.
+            BatchSizeError: a new value does not start with the batch size.
+        """
+        if Locked in self._td._meta[3]:
+            raise LockedError("replace")
+        from ._tensorclass import replaced
+
+        return replaced(self, fields)
+
+    def __bool__(self) -> bool:
+        raise RuntimeError(
+            f"the truth value of a {type(self).__name__} is ambiguous: use .all() or .any() on an instance of bools"
+        )
+
+    # -- indexing and shapes (batch dims; views keep tags) ----------------------------------------
+
+    def __getitem__(self, index: Any) -> Self:
+        """The batch elements at ``index`` (torch's indexing on the batch dims); views keep tags,
+        index tensors and masks copy and drop them. Fields are read as attributes."""
+        if type(index) is str or (type(index) is tuple and index and type(index[0]) is str):
+            raise TypeError(f"{type(self).__name__} is indexed over its batch dims; read a field as obj.{index!s}")
+        return self._wrap(self._td[index])
+
+    def view(self, *shape: Any) -> Self:
+        """The batch dims viewed as ``shape``; keeps tags."""
+        return self._wrap(self._td.view(*shape))
+
+    def reshape(self, *shape: Any) -> Self:
+        """The batch dims reshaped to ``shape``; keeps tags exactly when every leaf is a view."""
+        return self._wrap(self._td.reshape(*shape))
+
+    def permute(self, *dims: Any) -> Self:
+        """The batch dims reordered; keeps tags."""
+        return self._wrap(self._td.permute(*dims))
+
+    def transpose(self, dim0: int, dim1: int) -> Self:
+        """Batch dims ``dim0`` and ``dim1`` swapped; keeps tags."""
+        return self._wrap(self._td.transpose(dim0, dim1))
+
+    def squeeze(self, dim: int | Sequence[int] | None = None) -> Self:
+        """Without batch dims of size 1; keeps tags."""
+        return self._wrap(self._td.squeeze(dim))
+
+    def unsqueeze(self, dim: int) -> Self:
+        """With a batch dim of size 1 at ``dim``; keeps tags."""
+        return self._wrap(self._td.unsqueeze(dim))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Self:
+        """Batch dims ``start_dim``..``end_dim`` merged; keeps tags when the leaves are views."""
+        return self._wrap(self._td.flatten(start_dim, end_dim))
+
+    def unflatten(self, dim: int, sizes: Sequence[int]) -> Self:
+        """Batch dim ``dim`` split into ``sizes``; keeps tags."""
+        return self._wrap(self._td.unflatten(dim, sizes))
+
+    def expand(self, *shape: Any) -> Self:
+        """The batch dims broadcast to ``shape``; keeps tags."""
+        return self._wrap(self._td.expand(*shape))
+
+    def unbind(self, dim: int = 0) -> tuple[Self, ...]:
+        """One instance per index along batch dim ``dim``; keeps tags."""
+        return self._wrap_each(self._td.unbind(dim))
+
+    def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Self, ...]:
+        """Instances cut along batch dim ``dim`` as ``torch.split`` does; keeps tags."""
+        return self._wrap_each(self._td.split(split_size_or_sections, dim))
+
+    def chunk(self, chunks: int, dim: int = 0) -> tuple[Self, ...]:
+        """At most ``chunks`` instances along batch dim ``dim``; keeps tags."""
+        return self._wrap_each(self._td.chunk(chunks, dim))
+
+    # -- maps, arithmetic and reductions (new storage: tags dropped) ------------------------------
+
+    def apply(self, fn: Callable[..., torch.Tensor], *others: Any, batch_size: Any = None) -> Self:
+        """``fn(leaf, *others' leaves)`` at every leaf (others: instances or nodes, paired by key);
+        tags by the rule."""
+        out = self._td.apply(fn, *map(_unwrap, others), batch_size=batch_size)
+        return self._wrap(out)
+
+    def __add__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__add__(_unwrap(other)))
+
+    def __radd__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__radd__(_unwrap(other)))
+
+    def __sub__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__sub__(_unwrap(other)))
+
+    def __rsub__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rsub__(_unwrap(other)))
+
+    def __mul__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__mul__(_unwrap(other)))
+
+    def __rmul__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rmul__(_unwrap(other)))
+
+    def __truediv__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__truediv__(_unwrap(other)))
+
+    def __rtruediv__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rtruediv__(_unwrap(other)))
+
+    def __pow__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__pow__(_unwrap(other)))
+
+    def __neg__(self) -> Self:
+        return self._wrap(self._td.__neg__())
+
+    def __abs__(self) -> Self:
+        return self._wrap(self._td.__abs__())
+
+    # Comparisons return instances of bools, as the node's do; hashing stays by identity.
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: Any) -> Self:  # type: ignore[override]
+        return self._wrap_any(self._td.__eq__(_unwrap(other)))
+
+    def __ne__(self, other: Any) -> Self:  # type: ignore[override]
+        return self._wrap_any(self._td.__ne__(_unwrap(other)))
+
+    def __lt__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__lt__(_unwrap(other)))
+
+    def __le__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__le__(_unwrap(other)))
+
+    def __gt__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__gt__(_unwrap(other)))
+
+    def __ge__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__ge__(_unwrap(other)))
+
+    def exp(self) -> Self:
+        return self._wrap(self._td.exp())
+
+    def log(self) -> Self:
+        return self._wrap(self._td.log())
+
+    def sqrt(self) -> Self:
+        return self._wrap(self._td.sqrt())
+
+    def clamp(self, min: Any = None, max: Any = None) -> Self:  # noqa: A002
+        return self._wrap(self._td.clamp(min, max))
+
+    def where(self, condition: Any, other: Any) -> Self:
+        """Self where ``condition`` holds, else ``other`` (an instance, node, tensor or number)."""
+        return self._wrap(self._td.where(_unwrap(condition), _unwrap(other)))
+
+    def sum(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
+        """Sums over batch dims ``dim`` (None: all); drops tags."""
+        return self._wrap(self._td.sum(dim, keepdim))
+
+    def mean(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
+        """Means over batch dims ``dim`` (None: all); drops tags."""
+        return self._wrap(self._td.mean(dim, keepdim))
+
+    def all(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
+        """No dim: one 0-dim bool tensor; with dim: an instance of bools."""
+        return self._wrap_any(self._td.all(dim, keepdim))
+
+    def any(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
+        """No dim: one 0-dim bool tensor; with dim: an instance of bools."""
+        return self._wrap_any(self._td.any(dim, keepdim))
+
+    # -- devices, copies, memory, tags --------------------------------------------------------------
+
+    def to(self, *args: Any, **kwargs: Any) -> Self:
+        """Every leaf through ``Tensor.to``; keeps tags when nothing changes."""
+        return self._wrap(self._td.to(*args, **kwargs))
+
+    def cpu(self) -> Self:
+        return self._wrap(self._td.cpu())
+
+    def clone(self, recurse: builtins.bool = True) -> Self:
+        """A copy (new storage, no tags); ``recurse=False`` shares the leaves and keeps tags."""
+        return self._wrap(self._td.clone(recurse))
+
+    def contiguous(self) -> Self:
+        return self._wrap(self._td.contiguous())
+
+    def share_memory(self) -> Self:
+        """A copy in shared memory, tagged ``{Shared, Locked}`` (the input is unchanged)."""
+        return self._wrap(self._td.share_memory())
+
+    def memmap(self, prefix: Any, existsok: builtins.bool = False) -> Self:
+        """An equal instance with leaves mapped from files under ``prefix``, tagged ``{Memmap, Locked}``.
+        The directory records the class and static fields: ``tdtree.load_memmap(prefix)`` gives this
+        class back (only a tensorclass made in this process is accepted; nothing is imported)."""
+        from ._memmap import memmap
+        from ._tcrecord import record
+        from ._tensorclass import layout
+
+        out = memmap(self._td, prefix, existsok, record=record(layout(self)))
+        return self._wrap(out)
+
+    def lock(self) -> Self:
+        """The same leaves, tagged ``Locked`` too."""
+        return self._wrap(self._td.lock())
+
+    def unlock(self) -> Self:
+        """The same leaves without ``Locked``."""
+        return self._wrap(self._td.unlock())
+
+    def zero_(self) -> Self:
+        """This instance, after zeroing every leaf in place."""
+        self._td.zero_()
+        return self
+
+    def copy_(self, other: Any) -> Self:
+        """This instance, after copying every leaf of ``other`` (an instance or node with the same keys) in."""
+        self._td.copy_(_unwrap(other))
+        return self
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """``torch.stack``/``cat`` of instances, ``torch.zeros_like`` & co., and ``tensor OP instance``:
+        the node's answer rewrapped; other functions decline."""
+        if func in _STACKING:
+            return _STACKING[func](*args, **(kwargs or {}))
+        template = next((a for a in args if isinstance(a, RecordOps)), None)
+        if template is None:
+            return NotImplemented
+        out = func(*(_unwrap(a) for a in args), **(kwargs or {}))
+        return template._wrap_any(out)
+
+    # float/int/bool shadow the builtins for annotations below them, so they come last.
+    def double(self) -> Self:
+        return self._wrap(self._td.double())
+
+    def half(self) -> Self:
+        return self._wrap(self._td.half())
+
+    def long(self) -> Self:
+        return self._wrap(self._td.long())
+
+    def float(self) -> Self:
+        return self._wrap(self._td.float())
+
+    def int(self) -> Self:
+        return self._wrap(self._td.int())
+
+    def bool(self) -> Self:
+        return self._wrap(self._td.bool())
+
+
+T = TypeVar("T", bound="Node | RecordOps")
+
+
+def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int) -> Any:
+    if not isinstance(items, (list, tuple)) or not items or not isinstance(items[0], RecordOps):
+        return fn(items, dim)
+    from ._tensorclass import layout
+
+    first = items[0]
+    shape = layout(first)
+    for i, item in enumerate(items):
+        if type(item) is not type(first):
+            raise TypeError(f"{what}: item {i} is a {type(item).__name__}, not a {type(first).__name__}")
+        if layout(item) != shape:
+            raise ValueError(
+                f"{what}: item {i}'s static fields {layout(item)[1]} differ from item 0's {shape[1]}; "
+                "instances combine only with equal static fields"
+            )
+    return first._wrap(fn([item._td for item in items], dim))
+
+
+def stack(nodes: Sequence[T], dim: int = 0) -> T:
+    """Nodes, or instances of one tensorclass with equal static fields, stacked along a new batch dim
+    ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage)."""
+    return _combined("stack", _combine.stack, nodes, dim)
+
+
+def cat(nodes: Sequence[T], dim: int = 0) -> T:
+    """Nodes, or instances of one tensorclass with equal static fields, concatenated along batch dim
+    ``dim``; see :func:`tdtree._combine.cat`. Tags dropped (new storage)."""
+    return _combined("cat", _combine.cat, nodes, dim)
+
+
+_STACKING: dict[Any, Callable[..., Any]] = {
+    torch.stack: stack,
+    torch.cat: cat,
+    torch.concat: cat,
+    torch.concatenate: cat,
+}

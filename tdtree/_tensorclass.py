@@ -1,0 +1,534 @@
+"""Tensorclasses: typed, frozen records of tensors that behave like nodes.
+
+A tensorclass instance holds
+
+* ``_td``: a :class:`TensorDict` of its *data* fields (tensors, TensorDicts,
+  and the inner TensorDicts of nested tensorclasses), which carries the batch
+  size, device and tags;
+* ``_static``: a tuple of ``(name, value)`` pairs for its *static* fields
+  (``str``, ``int``, ``float``, ``bool``, ``None`` or an enum member), which
+  live in the pytree metadata, never among the leaves;
+* one slot per field with the field's value (a nested tensorclass as its
+  instance), so reading a field is a slot read.
+
+Whether a field is data or static is decided by its value, so an optional
+tensor field (``x: torch.Tensor | None = None``) is static while None.
+Operations are thin methods (:mod:`tdtree._tcops`) that run the TensorDict
+operation on ``_td`` and rewrap the result with :func:`rewrap`: the tag rule
+and every other behaviour are the TensorDict's.
+
+The pytree children are the data fields in canonical (sorted) key order, a
+nested tensorclass as itself; the metadata is ``(td_meta, static)`` with
+``td_meta`` the inner node's ``(keys, batch_size, device, tags)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
+
+import optree
+import torch
+import torch.utils._pytree as torch_pytree
+
+from ._base import Node, from_meta
+from ._node import TensorDict
+from ._pytree import NAMESPACE, _check_children
+from ._tags import tag_rule, tagged_type
+from ._tcops import RecordOps
+from ._validate import as_batch_size, as_device, build
+from .errors import BatchSizeError, FieldError
+
+__all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "rewrap", "layout", "from_layout", "registered"]
+
+STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
+_DATA = (torch.Tensor, Node)
+
+# import path -> class, for every tensorclass made; a memmap directory names its class by
+# this path and is loaded back only as a class listed here (nothing is ever imported).
+_REGISTRY: dict[str, type] = {}
+
+
+def registered(name: object) -> Any:
+    """The tensorclass made under the import path ``name`` (the latest one made), or None."""
+    return _REGISTRY.get(name) if type(name) is str else None
+
+
+def _field(*, default: Any = None, kw_only: bool = False) -> Any:
+    """The field specifier the type checker reads for ``batch_size`` and ``device``; never called."""
+    raise NotImplementedError
+
+
+def _is_classvar(annotation: object) -> bool:
+    if isinstance(annotation, str):
+        return annotation.startswith(("ClassVar", "typing.ClassVar"))
+    return annotation is ClassVar or typing.get_origin(annotation) is ClassVar
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(_field,))
+class TensorClassMeta(type):
+    """Makes every class it builds a tensorclass: fields from the annotations, one slot each,
+    registered with both pytree registries."""
+
+    _fields: tuple[str, ...]
+    _fieldset: frozenset[str]
+    _defaults: dict[str, Any]
+    _path: str
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kwargs: Any) -> TensorClassMeta:
+        inherited: list[str] = []
+        defaults: dict[str, Any] = {}
+        for base in reversed(bases):
+            for f in getattr(base, "_fields", ()):
+                if f not in inherited:
+                    inherited.append(f)
+            defaults.update(getattr(base, "_defaults", {}))
+        own = [n for n, a in ns.get("__annotations__", {}).items() if not _is_classvar(a)]
+        tc_bases = [b for b in bases if isinstance(b, TensorClassMeta)]
+        for f in own:
+            if f.startswith("_"):
+                raise FieldError(f"{name}: field {f!r} starts with an underscore; rename the field")
+            if any(hasattr(b, f) and f not in b._fields for b in tc_bases):
+                raise FieldError(
+                    f"{name}: field {f!r} is the name of a tensorclass attribute or method; rename the field"
+                )
+            if f in ns:
+                defaults[f] = ns.pop(f)
+        fields = inherited + [f for f in own if f not in inherited]
+        seen_default = None
+        for f in fields:
+            if f in defaults:
+                seen_default = f
+            elif seen_default is not None:
+                raise FieldError(f"{name}: field {f!r} without a default follows field {seen_default!r} with one")
+        ns["__slots__"] = (*ns.get("__slots__", ()), *(f for f in own if f not in inherited))
+        cls = super().__new__(mcls, name, bases, ns, **kwargs)
+        cls._fields = tuple(fields)
+        cls._fieldset = frozenset(fields)
+        cls._defaults = defaults
+        if tc_bases:  # TensorClass itself is no tensorclass
+            _register(cls)
+        return cls
+
+
+def _register(cls: Any) -> None:
+    cls._path = f"{cls.__module__}.{cls.__qualname__}"
+    _REGISTRY[cls._path] = cls
+
+    def unflatten(context: Any, children: Any) -> Any:
+        return _from_pytree(cls, context, children)
+
+    def torch_unflatten(children: Any, context: tuple) -> Any:
+        children = list(children)
+        _check_children(context[0], [c._td if isinstance(c, TensorClass) else c for c in children])
+        return _from_pytree(cls, context, children)
+
+    optree.register_pytree_node(cls, _flatten, unflatten, path_entry_type=optree.GetAttrEntry, namespace=NAMESPACE)
+    torch_pytree.register_pytree_node(
+        cls,
+        _torch_flatten,
+        torch_unflatten,
+        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        flatten_with_keys_fn=_torch_flatten_with_keys,
+    )
+
+
+def _flatten(tc: Any) -> tuple[list[Any], tuple, tuple[str, ...]]:
+    meta = tc._td._meta
+    return [getattr(tc, k) for k in meta[0]], (meta, tc._static), meta[0]
+
+
+def _torch_flatten(tc: Any) -> tuple[list[Any], tuple]:
+    meta = tc._td._meta
+    return [getattr(tc, k) for k in meta[0]], (meta, tc._static)
+
+
+def _torch_flatten_with_keys(tc: Any) -> tuple[list[tuple[Any, Any]], tuple]:
+    meta = tc._td._meta
+    return [(torch_pytree.GetAttrKey(k), getattr(tc, k)) for k in meta[0]], (meta, tc._static)
+
+
+def _from_pytree(cls: Any, context: tuple, children: list[Any]) -> Any:
+    meta, static = context
+    entries = [c._td if isinstance(c, TensorClass) else c for c in children]
+    td = from_meta(tagged_type(TensorDict, meta[3]), meta, entries)
+    obj: Any = object.__new__(cls)
+    object.__setattr__(obj, "_td", td)
+    object.__setattr__(obj, "_static", static)
+    for k, c in zip(meta[0], children):
+        object.__setattr__(obj, k, c)
+    for k, v in static:
+        object.__setattr__(obj, k, v)
+    return obj
+
+
+def rewrap(template: Any, td: TensorDict) -> Any:
+    """A tensorclass like ``template`` (same class, static fields and nested classes) holding ``td``,
+    a result of a TensorDict operation on ``template._td`` (same keys)."""
+    cls = type(template)
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "_td", td)
+    object.__setattr__(obj, "_static", template._static)
+    entries = td._data
+    for name in cls._fields:
+        old = getattr(template, name)
+        if name in entries:
+            new = entries[name]
+            if isinstance(old, TensorClass):
+                new = rewrap(old, new)
+            object.__setattr__(obj, name, new)
+        else:
+            object.__setattr__(obj, name, old)
+    return obj
+
+
+# -- construction ---------------------------------------------------------------------------
+
+
+def _resolve_hints(cls: Any) -> dict[str, Any]:
+    """The fields' annotations as objects; a field whose annotation cannot be resolved maps to Any."""
+    hints: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        module = sys.modules.get(klass.__module__)
+        globalns = dict(vars(module)) if module is not None else {}
+        localns = {cls.__name__: cls, klass.__name__: klass}
+        for name, ann in klass.__dict__.get("__annotations__", {}).items():
+            if name not in cls._fields:
+                continue
+            if isinstance(ann, str):
+                try:
+                    ann = eval(ann, globalns, localns)  # noqa: S307 - annotations of the user's own class
+                except Exception:
+                    ann = Any
+            hints[name] = ann
+    return hints
+
+
+def _hints(cls: Any) -> dict[str, Any]:
+    hints = cls.__dict__.get("_hints")
+    if hints is None:
+        hints = _resolve_hints(cls)
+        type.__setattr__(cls, "_hints", hints)
+    return hints
+
+
+def _accepted(hint: Any) -> tuple[type, ...] | None:
+    """The types a field annotated ``hint`` takes (for one isinstance), or None for no check."""
+    if hint is None or hint is type(None):
+        return (type(None),)
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        parts = [_accepted(arg) for arg in typing.get_args(hint)]
+        return None if any(p is None for p in parts) else tuple(t for p in parts for t in p)  # type: ignore[union-attr]
+    if hint is Any or hint is object or not isinstance(hint, type):
+        return None  # Any, generics, literals, type variables: the kind check still applies
+    return (float, int) if hint is float else (hint,)
+
+
+def _checks(cls: Any) -> tuple[tuple[str, tuple[type, ...] | None, Any], ...]:
+    """Per field: its name, the types it takes, its annotation; made on first construction."""
+    checks = cls.__dict__.get("_checks")
+    if checks is None:
+        hints = _hints(cls)
+        checks = tuple((name, _accepted(hints.get(name, Any)), hints.get(name, Any)) for name in cls._fields)
+        type.__setattr__(cls, "_checks", checks)
+    return checks
+
+
+def _hint_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+def _split_one(cls: Any, name: str, value: Any, check: tuple[str, Any, Any]) -> tuple[Any, Any]:
+    """``(entry for the inner node, None)`` for a data value, ``(None, value)`` for a static one."""
+    _, accepted, hint = check
+    if accepted is not None and not isinstance(value, accepted):
+        raise FieldError(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
+    if isinstance(value, _DATA):
+        return value, None
+    if isinstance(value, TensorClass):
+        return value._td, None
+    if isinstance(value, STATIC_TYPES):
+        return None, value
+    raise FieldError(
+        f"{cls.__name__}.{name} is a {type(value).__name__}: a field holds a tensor, a TensorDict, "
+        "a tensorclass, or a static str, int, float, bool, None or enum member"
+    )
+
+
+def _split(cls: Any, values: dict[str, Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
+    """The data entries (for the inner node) and the static pairs of ``values``, checked.
+
+    KeyError when ``values`` lacks a field (the caller binds first).
+    """
+    data: dict[str, Any] = {}
+    static: list[tuple[str, Any]] = []
+    for check in cls.__dict__.get("_checks") or _checks(cls):
+        name = check[0]
+        value = values[name]
+        if isinstance(value, _DATA) and (check[1] is None or isinstance(value, check[1])):
+            data[name] = value  # the common case, checked inline
+            continue
+        entry, plain = _split_one(cls, name, value, check)
+        if entry is not None:
+            data[name] = entry
+        else:
+            static.append((name, plain))
+    return data, tuple(static)
+
+
+def _bind(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    fields = cls._fields
+    if len(args) > len(fields):
+        raise FieldError(f"{cls.__name__} takes {len(fields)} fields {list(fields)}, got {len(args)} positional values")
+    values = dict(zip(fields, args))
+    for name, value in kwargs.items():
+        if name not in fields:
+            raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(fields)}")
+        if name in values:
+            raise FieldError(f"{cls.__name__}: field {name!r} given twice (by position and by name)")
+        values[name] = value
+    if len(values) < len(fields):
+        defaults = cls._defaults
+        missing = [f for f in fields if f not in values and f not in defaults]
+        if missing:
+            raise FieldError(f"{cls.__name__}: missing field{'s' if len(missing) > 1 else ''} {missing}")
+        for f in fields:
+            if f not in values:
+                values[f] = defaults[f]
+    return values
+
+
+def _fill(obj: Any, td: TensorDict, static: tuple[tuple[str, Any], ...], values: dict[str, Any]) -> None:
+    """Write ``obj``'s slots: the inner node, the static pairs and every field (data fields as
+    ``td`` holds them; a nested tensorclass rewrapped when the node put a new sub-node there)."""
+    object.__setattr__(obj, "_td", td)
+    object.__setattr__(obj, "_static", static)
+    entries = td._data
+    for name, value in values.items():
+        entry = entries.get(name, value)  # a static value, or the leaf or node as the inner node holds it
+        if entry is not value and isinstance(value, TensorClass):
+            entry = value if entry is value._td else rewrap(value, entry)
+        object.__setattr__(obj, name, entry)
+
+
+def construct(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: Any, device: Any) -> None:
+    """The public constructor's work: bind, check every field, validate batch prefixes once."""
+    cls = type(obj)
+    values = _bind(cls, args, kwargs) if args or kwargs.keys() != cls._fieldset else kwargs
+    data, static = _split(cls, values)
+    try:
+        td = build(TensorDict, data, as_batch_size(batch_size), as_device(device))
+    except BatchSizeError as err:
+        raise BatchSizeError(f"{cls.__name__}: {err}") from None
+    _fill(obj, td, static, values)
+
+
+@tag_rule
+def _rebuilt(old: TensorDict, data: dict[str, Any]) -> TensorDict:
+    # The old node is the rule's input: the result keeps its tags when every leaf is one it had.
+    return TensorDict(data, old._meta[1], old._meta[2])
+
+
+def replaced(tc: Any, changes: dict[str, Any]) -> Any:
+    """``tc`` with the fields in ``changes`` replaced (each checked as in the constructor, the others
+    not again); the inner node is edited with ``set``/``exclude``, so tags follow the rule."""
+    cls = type(tc)
+    checks = cls.__dict__.get("_checks") or _checks(cls)
+    fields = cls._fields
+    statics = dict(tc._static)
+    td = tc._td
+    for name, value in changes.items():
+        if name not in cls._fieldset:
+            raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(fields)}")
+        data, static = _split_one(cls, name, value, checks[fields.index(name)])
+        if data is None:
+            statics[name] = static
+            if name in td._data:
+                td = td.exclude(name)
+            continue
+        statics.pop(name, None)
+        try:
+            td = td.set(name, data)
+        except BatchSizeError as err:
+            raise BatchSizeError(f"{cls.__name__}.replace: {err}") from None
+    obj = object.__new__(cls)
+    values = {name: changes[name] if name in changes else getattr(tc, name) for name in fields}
+    _fill(obj, td, tuple((name, statics[name]) for name in fields if name in statics), values)
+    return obj
+
+
+def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
+    """An instance of ``cls`` holding the entries of ``td`` as its data fields, ``static`` as the rest.
+
+    An entry whose field is annotated with a tensorclass becomes that class (by its own
+    ``from_tensordict``); the result keeps ``td``'s tags (the same leaves).
+    """
+    if not isinstance(td, TensorDict):
+        raise TypeError(f"{cls.__name__}.from_tensordict takes a TensorDict, got {type(td).__name__}")
+    hints = _hints(cls)
+    values: dict[str, Any] = dict(static)
+    for key, value in td._data.items():
+        if key not in cls._fields:
+            raise FieldError(
+                f"{cls.__name__} has no field {key!r} (a key of the TensorDict); its fields are {list(cls._fields)}"
+            )
+        if key in values:
+            raise FieldError(f"{cls.__name__}.from_tensordict: field {key!r} given both in the TensorDict and by name")
+        sub = _tensorclass_in(hints.get(key, Any))
+        values[key] = sub.from_tensordict(value) if sub is not None and isinstance(value, TensorDict) else value
+    obj = object.__new__(cls)
+    bound = _bind(cls, (), values)
+    data, static_pairs = _split(cls, bound)
+    _fill(obj, _rebuilt(td, data), static_pairs, bound)
+    return obj
+
+
+def _tensorclass_in(hint: Any) -> Any:
+    if isinstance(hint, type) and issubclass(hint, TensorClass):
+        return hint
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        found = [a for a in typing.get_args(hint) if isinstance(a, type) and issubclass(a, TensorClass)]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+# -- layouts: what a tensorclass adds to its inner node (pickle and memmap) -------------------
+
+Layout = tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]
+
+
+def layout(tc: Any) -> Layout:
+    """``(class, static pairs, ((field, nested layout), ...))``: with the inner node, the whole instance."""
+    nested = tuple((k, layout(v)) for k in type(tc)._fields if isinstance(v := getattr(tc, k), TensorClass))
+    return type(tc), tc._static, nested
+
+
+def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) -> Any:
+    """The instance described by ``lay`` around ``td``; ``error(reason)`` makes the exception for a
+    layout that does not fit the node (a corrupt file)."""
+    cls, static, nested = lay
+    statics, subs = dict(static), dict(nested)
+    entries = td._data
+    fields = cls._fields
+    extra = [k for k in entries if k not in fields]
+    if extra:
+        raise error(f"{cls.__name__} has no field {extra[0]!r}")
+    obj: Any = object.__new__(cls)
+    object.__setattr__(obj, "_td", td)
+    object.__setattr__(obj, "_static", tuple(static))
+    for name, accepted, hint in _checks(cls):
+        if name in subs:
+            if not isinstance(entries.get(name), TensorDict):
+                raise error(f"{cls.__name__}.{name} is a nested tensorclass but the node holds no sub-node there")
+            value = from_layout(subs[name], entries[name], error)
+        elif name in entries:
+            value = entries[name]
+        elif name in statics:
+            value = statics[name]
+            if not isinstance(value, STATIC_TYPES):
+                raise error(f"{cls.__name__}.{name} holds a {type(value).__name__}, not a static value")
+        else:
+            raise error(f"{cls.__name__}.{name} is missing")
+        if accepted is not None and not isinstance(value, accepted):
+            raise error(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def _unpickle(lay: Layout, td: TensorDict) -> Any:
+    return from_layout(lay, td, lambda reason: TypeError(f"cannot unpickle a tensorclass: {reason}"))
+
+
+# -- the base class ---------------------------------------------------------------------------
+
+
+if TYPE_CHECKING:
+
+    class _BatchSizeField:
+        def __get__(self, obj: object, owner: Any) -> torch.Size: ...
+        def __set__(self, obj: object, value: int | Sequence[int] | torch.Size | None) -> None: ...
+
+    class _DeviceField:
+        def __get__(self, obj: object, owner: Any) -> torch.device | None: ...
+        def __set__(self, obj: object, value: torch.device | str | None) -> None: ...
+
+
+class TensorClass(RecordOps, metaclass=TensorClassMeta):
+    """Base of tensorclasses: subclass it with annotated fields for a typed, frozen record.
+
+    ``Cls(*fields, batch_size=None, device=None, **fields)``: fields by position (declaration
+    order) or by name; defaults from the class body. Every field holds a tensor, a TensorDict,
+    a tensorclass (data, sharing the leading ``batch_size`` dims) or a static ``str``, ``int``,
+    ``float``, ``bool``, ``None`` or enum member (kept in the pytree metadata).
+
+    Raises:
+        FieldError: an unknown or missing field, or a value whose type does not fit the
+            field's annotation (the message names the field).
+        BatchSizeError: a data field's shape does not start with ``batch_size``.
+    """
+
+    __slots__ = ("_td", "_static")
+
+    if TYPE_CHECKING:
+        batch_size: _BatchSizeField = _field(default=None, kw_only=True)
+        device: _DeviceField = _field(default=None, kw_only=True)
+    else:
+
+        def __init__(self, *args: Any, batch_size: Any = None, device: Any = None, **kwargs: Any) -> None:
+            construct(self, args, kwargs, batch_size, device)
+
+        @property
+        def batch_size(self) -> torch.Size:
+            return self._td._meta[1]
+
+        @property
+        def device(self) -> torch.device | None:
+            return self._td._meta[2]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise TypeError(
+            f"{type(self).__name__} is frozen: obj = obj.replace({name}=...) for a new instance, "
+            "or the in-place writers copy_() / zero_()"
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise TypeError(f"{type(self).__name__} is frozen: fields cannot be deleted")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _unpickle, (layout(self), self._td)
+
+    def __repr__(self) -> str:
+        from ._tcrepr import record_repr
+
+        return record_repr(self)
+
+    def _wrap(self, out: TensorDict) -> typing.Self:
+        return rewrap(self, out)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_tensordict(cls, td: TensorDict, **static: Any) -> typing.Self:
+        """An instance whose data fields are ``td``'s entries (same leaves, same tags) and whose other
+        fields are given by name (or defaults)."""
+        return from_tensordict(cls, td, static)  # type: ignore[no-any-return]
+
+
+TensorClass.__module__ = "tdtree"
+
+
+@dataclass_transform(frozen_default=True)
+def tensorclass(cls: type) -> Any:
+    """``@tensorclass`` on a class with annotated fields: the same class made a :class:`TensorClass`.
+
+    Untyped spelling: type checkers see the fields and the constructor, but not the methods
+    the class gains; subclass :class:`TensorClass` for those.
+    """
+    if isinstance(cls, TensorClassMeta):
+        return cls
+    ns = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+    bases = tuple(b for b in cls.__bases__ if b is not object)
+    return TensorClassMeta(cls.__name__, (*bases, TensorClass), ns)
