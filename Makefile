@@ -1,5 +1,5 @@
 # make demo: set up .venv when missing and run the main example.
-# make test: the same set-up, then every test and property test (bench cases run once).
+# make test: the same set-up, then every test and property test (bench cases run once), and mypy over the typed tensorclass example.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
 #   (python -m bench.report prints them; python -m bench.compare REF compares with a git ref).
 # make bench-quick: a representative subset (cases marked quick), under 2 minutes.
