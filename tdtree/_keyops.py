@@ -152,17 +152,30 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
     else:
         child = old.get(head)
         if child is None:
-            child = make(type(node), {}, batch_size, device)
+            new[head] = _chain(type(node), path[1:], full, value, batch_size, device)
         elif not isinstance(child, Node):
             depth = len(full) - len(path) + 1
             raise KeyCollisionError(
                 f"cannot set {display(full)!r}: {display(full[:depth])!r} is a tensor, not a node"
             )
-        new[head] = _set_path(child, path[1:], full, value)
+        else:
+            new[head] = _set_path(child, path[1:], full, value)
     if head not in old:
         new = sorted_data(new)
     new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
+
+
+def _chain(cls: type, path: tuple[str, ...], full: tuple[str, ...], value: Any, batch_size: torch.Size,
+           device: torch.device | None) -> Node:
+    """New nodes, one per part of ``path``, holding ``value`` at its end: what ``_set_path`` makes below
+    a missing key, built bottom up with one key per node (already sorted, the device found once)."""
+    data, found = settle_device({path[-1]: entry(full, value, batch_size, device, cls._root)}, device)
+    node = make(cls, data, batch_size, found)
+    for part in reversed(path[:-1]):
+        # settle_device of a lone sub-node: the parent's device, else the sub-node's
+        node = make(cls, {part: node}, batch_size, device if device is not None else node._meta[2])
+    return node
 
 
 @tag_rule
