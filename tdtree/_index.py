@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import optree
 import torch
 
 from ._base import Node
 from ._inplace import _broadcasts
 from ._keyops import check_unlocked, walk
-from ._maps import rebuild
-from ._pytree import NAMESPACE
+from ._maps import flat, rebuild, unflat
 from ._tags import tag_rule
 from .errors import BatchDimError, BatchSizeError, KeyMismatchError
 
@@ -173,7 +171,7 @@ def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tens
     ``values`` holds one value per leaf, in leaf order, ready for ``leaf[idx] = v``.
     """
     leaf_index, new = normalize(node._meta[1], index)
-    leaves, spec = optree.tree_flatten(node, namespace=NAMESPACE)  # type: ignore[arg-type,var-annotated]
+    leaves, spec = flat(node)
     n = len(node._meta[1])
     device = node._meta[2]
     if isinstance(value, Node):
@@ -182,7 +180,7 @@ def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tens
                 f"{op}: the value's batch_size {tuple(value._meta[1])} is not td[idx].batch_size {tuple(new)}"
             )
         if _same_keys(node, value):
-            values = optree.tree_leaves(value, namespace=NAMESPACE)  # type: ignore[arg-type]
+            values = flat(value)[0]
         else:  # same leaf keys can still differ in empty sub-nodes, which hold nothing to write
             paths = [k for k, _ in walk(node, True, True)]
             given = dict(walk(value, True, True))
@@ -240,7 +238,7 @@ def scatter(node: Node, index: Any, value: Any) -> Node:
     """
     check_unlocked(node, "at[...].set")
     leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set")
-    return optree.tree_unflatten(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])  # type: ignore[return-value]
+    return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
 
 
 def scatter_(node: Node, index: Any, value: Any) -> Node:
