@@ -259,14 +259,21 @@ def _select(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, .
     return make(type(node), sorted_data(data), batch_size, device)
 
 
-@tag_rule
 def select(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
     """A node with only ``keys`` (a union: a key and its sub-keys keep the whole key).
 
     Missing keys raise KeyNotFoundError when ``strict``, else are ignored.
     Tags are kept (no data is made).
     """
-    return _select(node, _trie(tuple(as_path(k) for k in keys)), strict, ())
+    if not keys:
+        # no leaves, so the tag rule keeps the node's own tags: its type as it is
+        return make(type(node), {}, node._meta[1], node._meta[2])
+    return _select_keys(node, keys, strict)
+
+
+@tag_rule
+def _select_keys(node: Node, keys: tuple[NestedKey, ...], strict: bool) -> Node:
+    return _select(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
 def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> Node:
@@ -290,7 +297,7 @@ def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, 
 @tag_rule
 def exclude(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
     """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
-    return _exclude(node, _trie(tuple(as_path(k) for k in keys)), strict, ())
+    return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
 @tag_rule

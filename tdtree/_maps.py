@@ -165,17 +165,21 @@ def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torc
 
     Sub-nodes get ``root_batch`` followed by their own extra batch dims, so an
     operation on the root's batch dims leaves a sub-node's extra dims alone.
-    This is the one traversal for operations that change batch sizes (optree's
-    maps keep metadata as it is).
+    This is the one traversal for operations that change batch sizes
+    (:func:`map_leaves` keeps metadata as it is).
     """
     n = len(node._meta[1])
+    root_size = root_batch if type(root_batch) is torch.Size else torch.Size(root_batch)
 
     def visit(x: Any) -> Any:
         if not isinstance(x, Node):
             return leaf_fn(x)
         data = {k: visit(v) for k, v in x._data.items()}
         _, batch_size, device, _ = x._meta
-        return make(type(x), data, torch.Size((*root_batch, *batch_size[n:])), device)
+        if len(batch_size) == n:
+            return make(type(x), data, root_size, device)
+        # a sub-node's extra batch dims follow the root's new ones
+        return make(type(x), data, torch.Size((*root_size, *batch_size[n:])), device)
 
     return visit(node)
 
