@@ -72,11 +72,15 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
         TypeError: a key mixed with an index, or an unsupported index type.
     """
     if batch:
-        # the two most common indices skip the general normalization
+        # the common indices (an int, a positive slice, a tuple of them) skip the general normalization
         if type(index) is int and -batch[0] <= index < batch[0]:
             return (index,), batch[1:]
         if type(index) is slice and (index.step is None or index.step > 0):
             return (index,), torch.Size((len(range(*index.indices(batch[0]))), *batch[1:]))
+        if type(index) is tuple and len(index) <= len(batch):
+            plain = _plain(batch, index)
+            if plain is not None:
+                return index, plain
     raw = index if type(index) is tuple else (index,)
     items = [_item(i, raw) for i in raw]
     n = len(batch)
@@ -130,6 +134,20 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
             dim += 1
     kept.extend(batch[dim:])
     return tuple(leaf), _result_size(kept)
+
+
+def _plain(batch: torch.Size, index: tuple) -> torch.Size | None:
+    """The result's batch size for a tuple of in-range ints and positive slices, else None (the general path)."""
+    kept = []
+    for size, item in zip(batch, index):
+        if type(item) is int:
+            if not -size <= item < size:
+                return None
+        elif type(item) is slice and (item.step is None or item.step > 0):
+            kept.append(len(range(*item.indices(size))))
+        else:
+            return None
+    return torch.Size((*kept, *batch[len(index):]))
 
 
 def _result_size(kept: list[Any]) -> torch.Size:

@@ -57,6 +57,20 @@ def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
     """The entry at ``key`` (str or tuple of str); ``default`` when missing, else KeyNotFoundError."""
     path = as_path(key)
     value: Any = node
+    for part in path:
+        if not isinstance(value, Node):
+            break
+        value = value._data.get(part, MISSING)
+        if value is MISSING:
+            break
+    else:
+        return value
+    return _missing(node, path, default)
+
+
+def _missing(node: Node, path: tuple[str, ...], default: Any) -> Any:
+    """What :func:`get` returns, or raises, when ``path`` does not lead to an entry."""
+    value: Any = node
     for depth, part in enumerate(path):
         if not isinstance(value, Node):
             if default is not MISSING:

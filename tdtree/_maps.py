@@ -44,17 +44,19 @@ def leaves(node: Node) -> list[Any]:
 
 def flat(node: Node) -> tuple[list[Any], Node]:
     """The node's leaves in canonical order and its structure (the node itself, for :func:`unflat`)."""
-    out: list[Any] = []
-    _collect(node, out)
-    return out, node
+    return leaves(node), node
 
 
-def _refill(spec: Node, it: Iterator[Any]) -> Node:
-    data = {k: _refill(v, it) if isinstance(v, Node) else next(it) for k, v in spec._data.items()}
+def _same_meta(spec: Node, data: dict[str, Any]) -> Node:
+    """A node of ``spec``'s type and metadata holding ``data`` (``spec``'s keys, in order)."""
     node = object.__new__(type(spec))
     object.__setattr__(node, "_data", data)
     object.__setattr__(node, "_meta", spec._meta)
     return node
+
+
+def _refill(spec: Node, it: Iterator[Any]) -> Node:
+    return _same_meta(spec, {k: _refill(v, it) if isinstance(v, Node) else next(it) for k, v in spec._data.items()})
 
 
 def unflat(spec: Node, values: Iterable[Any]) -> Any:
@@ -63,11 +65,7 @@ def unflat(spec: Node, values: Iterable[Any]) -> Any:
 
 
 def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
-    data = {k: _mapped(fn, v) if isinstance(v, Node) else fn(v) for k, v in spec._data.items()}
-    node = object.__new__(type(spec))
-    object.__setattr__(node, "_data", data)
-    object.__setattr__(node, "_meta", spec._meta)
-    return node
+    return _same_meta(spec, {k: _mapped(fn, v) if isinstance(v, Node) else fn(v) for k, v in spec._data.items()})
 
 
 def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:
