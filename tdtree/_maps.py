@@ -115,14 +115,15 @@ def check_same_keys(what: str, a: Node, b: Node, skip: int | None = None) -> Non
     raise KeyMismatchError(what, left, right)
 
 
-def _pair(a: Node, b: Node, out: list[Any]) -> bool:
-    """Collect ``b``'s leaves into ``out`` while ``b`` has ``a``'s keys and batch sizes; False at the first difference."""
+def _pair(a: Node, b: Node, out: list[Any], skip: int | None) -> bool:
+    """Collect ``b``'s leaves into ``out`` while ``b`` has ``a``'s keys and batch sizes (which may
+    differ at batch dim ``skip``); False at the first difference."""
     ma, mb = a._meta, b._meta
-    if ma[0] != mb[0] or ma[1] != mb[1]:
+    if ma[0] != mb[0] or (ma[1] != mb[1] and (skip is None or not _fits(ma[1], mb[1], skip))):
         return False
     for v, w in zip(a._data.values(), b._data.values()):
         if isinstance(v, Node):
-            if not isinstance(w, Node) or not _pair(v, w, out):
+            if not isinstance(w, Node) or not _pair(v, w, out, skip):
                 return False
         elif isinstance(w, Node):
             return False
@@ -137,7 +138,7 @@ def paired_leaves(what: str, node: Node, spec: Node, other: Node, skip: int | No
     Raises as :func:`check_same_keys` when the two do not pair.
     """
     out: list[Any] = []
-    if skip is None and _pair(node, other, out):
+    if _pair(node, other, out, skip):
         return out
     check_same_keys(what, node, other, skip)
     return leaves(other)
