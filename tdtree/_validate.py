@@ -40,6 +40,7 @@ def as_device(device: Any) -> torch.device | None:
 
 
 _STR = {str}
+_Tensor = torch.Tensor
 
 
 def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
@@ -160,18 +161,28 @@ def _checked(
     """``data`` validated, in canonical key order, and the node's device."""
     n = len(batch_size)
     checked = {}
-    plain = True  # every value a tensor that fits: no sub-node to settle on the device
+    plain = True  # every value a tensor that fits, on one device: nothing for settle_device to do
+    found = None  # that device, when none is given
     for k, v in data.items():
         # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
-        if isinstance(v, torch.Tensor) and v.shape[:n] == batch_size and (device is None or v.device == device):
-            checked[k] = v
-        else:
-            checked[k] = entry((*prefix, k), v, batch_size, device, root)
-            plain = False
+        if isinstance(v, _Tensor) and v.shape[:n] == batch_size:
+            d = v.device
+            if device is None:
+                if found is None:
+                    found = d
+                elif plain and d != found:
+                    plain = False
+                checked[k] = v
+                continue
+            if d == device:
+                checked[k] = v
+                continue
+        checked[k] = entry((*prefix, k), v, batch_size, device, root)
+        plain = False
     if not plain:
         checked, device = settle_device(checked, device)
     elif device is None:
-        device = _common_device(checked.values())
+        device = found
     return sorted_data(checked), device
 
 
