@@ -74,6 +74,8 @@ def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
 
 def _check_prefix(path: tuple[str, ...], shape: Sequence[int], batch_size: torch.Size, what: str) -> None:
     n = len(batch_size)
+    if shape[:n] == batch_size:
+        return
     if len(shape) < n or tuple(shape[:n]) != tuple(batch_size):
         raise BatchSizeError(
             f"{what} {display(path)!r} has shape {tuple(shape)}, which does not start with the "
