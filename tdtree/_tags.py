@@ -105,23 +105,28 @@ def retag(node: Any, tags: frozenset) -> Any:
     """``node`` with every sub-node carrying exactly ``tags`` (leaves reused, node returned when it already does)."""
     if not isinstance(node, Node):
         return node
-    return _retag(node, tags)
+    return _retag(node, tags, {})
 
 
-def _retag(node: Node, tags: frozenset) -> Node:
+def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
     # One pass bottom up: a sub-tree already carrying ``tags`` everywhere comes back as it is.
+    # ``types`` holds the tagged type of each root met, looked up once per call.
     changed = type(node)._tags != tags
     data = {}
     for k, v in node._data.items():
         if isinstance(v, Node):
-            new = _retag(v, tags)
+            new = _retag(v, tags, types)
             changed = changed or new is not v
             v = new
         data[k] = v
     if not changed:
         return node
+    root = type(node)._root
+    cls = types.get(root)
+    if cls is None:
+        cls = types[root] = tagged_type(root, tags)
     _, batch_size, device, _ = node._meta
-    return make(tagged_type(type(node)._root, tags), data, batch_size, device)
+    return make(cls, data, batch_size, device)
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
