@@ -180,8 +180,10 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
     return make(type(node), new, batch_size, device)
 
 
-def _chain(cls: type, path: tuple[str, ...], full: tuple[str, ...], value: Any, batch_size: torch.Size,
-           device: torch.device | None) -> Node:
+def _chain(
+    cls: type[Node], path: tuple[str, ...], full: tuple[str, ...], value: Any, batch_size: torch.Size,
+    device: torch.device | None,
+) -> Node:
     """New nodes, one per part of ``path``, holding ``value`` at its end: what ``_set_path`` makes below
     a missing key, built bottom up with one key per node (already sorted, the device found once)."""
     data, found = settle_device({path[-1]: entry(full, value, batch_size, device, cls._root)}, device)

@@ -132,7 +132,7 @@ def _common_device(values: Any) -> torch.device | None:
 
 
 def construct(
-    cls: type, source: Mapping[Any, Any] | None, batch_size: Any, device: Any
+    cls: type[Node], source: Mapping[Any, Any] | None, batch_size: Any, device: Any
 ) -> tuple[dict[str, Any], tuple[Any, ...]]:
     """The ``_data`` and ``_meta`` of a node of type ``cls`` made by the constructor (validated, untagged leaves)."""
     if isinstance(source, Node):
