@@ -57,6 +57,20 @@ def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
     """The entry at ``key`` (str or tuple of str); ``default`` when missing, else KeyNotFoundError."""
     path = as_path(key)
     value: Any = node
+    for part in path:
+        if not isinstance(value, Node):
+            break
+        value = value._data.get(part, MISSING)
+        if value is MISSING:
+            break
+    else:
+        return value
+    return _missing(node, path, default)
+
+
+def _missing(node: Node, path: tuple[str, ...], default: Any) -> Any:
+    """What :func:`get` returns, or raises, when ``path`` does not lead to an entry."""
+    value: Any = node
     for depth, part in enumerate(path):
         if not isinstance(value, Node):
             if default is not MISSING:
@@ -152,17 +166,32 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
     else:
         child = old.get(head)
         if child is None:
-            child = make(type(node), {}, batch_size, device)
+            new[head] = _chain(type(node), path[1:], full, value, batch_size, device)
         elif not isinstance(child, Node):
             depth = len(full) - len(path) + 1
             raise KeyCollisionError(
                 f"cannot set {display(full)!r}: {display(full[:depth])!r} is a tensor, not a node"
             )
-        new[head] = _set_path(child, path[1:], full, value)
+        else:
+            new[head] = _set_path(child, path[1:], full, value)
     if head not in old:
         new = sorted_data(new)
     new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
+
+
+def _chain(
+    cls: type[Node], path: tuple[str, ...], full: tuple[str, ...], value: Any, batch_size: torch.Size,
+    device: torch.device | None,
+) -> Node:
+    """New nodes, one per part of ``path``, holding ``value`` at its end: what ``_set_path`` makes below
+    a missing key, built bottom up with one key per node (already sorted, the device found once)."""
+    data, found = settle_device({path[-1]: entry(full, value, batch_size, device, cls._root)}, device)
+    node = make(cls, data, batch_size, found)
+    for part in reversed(path[:-1]):
+        # settle_device of a lone sub-node: the parent's device, else the sub-node's
+        node = make(cls, {part: node}, batch_size, device if device is not None else node._meta[2])
+    return node
 
 
 @tag_rule
@@ -246,14 +275,21 @@ def _select(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, .
     return make(type(node), sorted_data(data), batch_size, device)
 
 
-@tag_rule
 def select(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
     """A node with only ``keys`` (a union: a key and its sub-keys keep the whole key).
 
     Missing keys raise KeyNotFoundError when ``strict``, else are ignored.
     Tags are kept (no data is made).
     """
-    return _select(node, _trie(tuple(as_path(k) for k in keys)), strict, ())
+    if not keys:
+        # no leaves, so the tag rule keeps the node's own tags: its type as it is
+        return make(type(node), {}, node._meta[1], node._meta[2])
+    return _select_keys(node, keys, strict)
+
+
+@tag_rule
+def _select_keys(node: Node, keys: tuple[NestedKey, ...], strict: bool) -> Node:
+    return _select(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
 def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> Node:
@@ -277,7 +313,7 @@ def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, 
 @tag_rule
 def exclude(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
     """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
-    return _exclude(node, _trie(tuple(as_path(k) for k in keys)), strict, ())
+    return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
 @tag_rule

@@ -28,7 +28,7 @@ from ._base import Node
 from ._keys import NestedKey, as_path
 from ._repr import node_repr
 from ._tags import Locked, Memmap, Shared, Tag, retag, tagged_type
-from ._validate import as_batch_size, as_device, build, nest
+from ._validate import construct
 
 __all__ = ["TensorDict"]
 
@@ -62,11 +62,9 @@ class TensorDict(Node):
         batch_size: int | Sequence[int] | torch.Size | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        if isinstance(source, Node):
-            source = source._data
-        built = build(type(self)._root, nest(source or {}), as_batch_size(batch_size), as_device(device))
-        object.__setattr__(self, "_data", built._data)
-        object.__setattr__(self, "_meta", (*built._meta[:3], type(self)._tags))
+        data, meta = construct(type(self), source, batch_size, device)
+        object.__setattr__(self, "_data", data)
+        object.__setattr__(self, "_meta", meta)
 
     def __class_getitem__(cls, tags: Tag | tuple[Tag, ...]) -> type:
         """``TensorDict[Shared]``, ``TensorDict[Locked, Shared]``: the cached tagged types."""

@@ -1,6 +1,6 @@
 """Arithmetic, comparisons, unary math, ``where`` and reductions over batch dims.
 
-Every leaf-wise operation flattens the node once with optree, works on the
+Every leaf-wise operation flattens the node once (:func:`tdtree._maps.flat`), works on the
 flat leaf list (``torch._foreach_*`` where one exists: it measured faster than
 a Python loop over the leaves) and rebuilds the result with one unflatten of
 the input's structure. Operands:
@@ -22,11 +22,10 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import optree
 import torch
 
 from ._base import Node
-from ._maps import flat, paired_leaves, rebuild
+from ._maps import flat, paired_leaves, rebuild, unflat
 from ._tags import tag_rule
 from .errors import BatchDimError, BatchSizeError
 
@@ -67,7 +66,7 @@ def _aligned(what: str, node: Node, leaves: list[torch.Tensor], t: torch.Tensor)
     return out
 
 
-def _operands(what: str, node: Node, spec: optree.PyTreeSpec, leaves: list[Any], other: Any) -> Any:
+def _operands(what: str, node: Node, spec: Node, leaves: list[Any], other: Any) -> Any:
     """``other`` as a per-leaf list (nodes, tensors), as is (scalars), or NotImplemented."""
     if type(other) is int or type(other) is float:
         return other
@@ -96,7 +95,7 @@ def _binary(
             out = [op(y, x) for x, y in zip(leaves, rhs)] if reflected else [op(x, y) for x, y in zip(leaves, rhs)]
         else:
             out = [op(rhs, x) for x in leaves] if reflected else [op(x, rhs) for x in leaves]
-        return optree.tree_unflatten(spec, out)
+        return unflat(spec, out)
 
     fn.__name__ = fn.__qualname__ = name
     side = "other OP node" if reflected else "node OP other"
@@ -133,7 +132,7 @@ ge = _binary("ge", operator.ge, None, False)
 def _unary(name: str, foreach: Callable[..., Any]) -> Callable[[Node], Node]:
     def fn(node: Node) -> Node:
         leaves, spec = flat(node)
-        return optree.tree_unflatten(spec, foreach(leaves) if leaves else leaves)
+        return unflat(spec, foreach(leaves) if leaves else leaves)
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"``torch.{name}`` of every leaf. Returns a new node; tags dropped (new storage)."
@@ -154,7 +153,7 @@ sign = _unary("sign", torch._foreach_sign)
 def clamp(node: Node, min: float | None = None, max: float | None = None) -> Node:  # noqa: A002
     """``torch.clamp(leaf, min, max)`` for every leaf. Returns a new node; tags dropped."""
     leaves, spec = flat(node)
-    return optree.tree_unflatten(spec, [torch.clamp(x, min, max) for x in leaves])
+    return unflat(spec, [torch.clamp(x, min, max) for x in leaves])
 
 
 @tag_rule
@@ -176,7 +175,7 @@ def where(condition: Node | torch.Tensor, input: Any, other: Any) -> Node:  # no
         if part is NotImplemented:
             raise TypeError(f"where takes nodes, tensors or numbers, got {type(arg).__name__}")
         parts.append(part if type(part) is list else [part] * len(leaves))
-    return optree.tree_unflatten(spec, [torch.where(c, x, y) for c, x, y in zip(*parts)])
+    return unflat(spec, [torch.where(c, x, y) for c, x, y in zip(*parts)])
 
 
 def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Size) -> tuple[int, ...]:

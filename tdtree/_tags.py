@@ -103,17 +103,30 @@ def tagged_type(root: type, tags: Iterable[Tag]) -> type:
 
 def retag(node: Any, tags: frozenset) -> Any:
     """``node`` with every sub-node carrying exactly ``tags`` (leaves reused, node returned when it already does)."""
-    if not isinstance(node, Node) or _uniform(node, tags):
+    if not isinstance(node, Node):
         return node
-    data = {k: retag(v, tags) for k, v in node._data.items()}
+    return _retag(node, tags, {})
+
+
+def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
+    # One pass bottom up: a sub-tree already carrying ``tags`` everywhere comes back as it is.
+    # ``types`` holds the tagged type of each root met, looked up once per call.
+    changed = type(node)._tags != tags
+    data = {}
+    for k, v in node._data.items():
+        if isinstance(v, Node):
+            new = _retag(v, tags, types)
+            changed = changed or new is not v
+            v = new
+        data[k] = v
+    if not changed:
+        return node
+    root = type(node)._root
+    cls = types.get(root)
+    if cls is None:
+        cls = types[root] = tagged_type(root, tags)
     _, batch_size, device, _ = node._meta
-    return make(tagged_type(type(node)._root, tags), data, batch_size, device)
-
-
-def _uniform(node: Node, tags: frozenset) -> bool:
-    return type(node)._tags == tags and all(
-        not isinstance(v, Node) or _uniform(v, tags) for v in node._data.values()
-    )
+    return make(cls, data, batch_size, device)
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:

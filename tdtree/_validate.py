@@ -17,7 +17,7 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["as_batch_size", "as_device", "nest", "build", "entry", "settle_device"]
+__all__ = ["as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
 
 
 def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.Size:
@@ -30,7 +30,7 @@ def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.
         size = torch.Size(batch_size)
     except TypeError:
         raise TypeError(f"batch_size must be a sequence of ints, got {batch_size!r}") from None
-    if any(d < 0 for d in size):
+    if size and min(size) < 0:
         raise ValueError(f"batch_size {tuple(size)} has a negative dimension")
     return size
 
@@ -39,9 +39,13 @@ def as_device(device: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
+_STR = {str}
+_Tensor = torch.Tensor
+
+
 def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
     """``source`` with tuple keys expanded into nested dicts (str keys checked)."""
-    if all(type(k) is str for k in source):
+    if {*map(type, source)} <= _STR:
         return dict(source)
     out: dict[str, Any] = {}
     for key, value in source.items():
@@ -70,6 +74,8 @@ def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
 
 def _check_prefix(path: tuple[str, ...], shape: Sequence[int], batch_size: torch.Size, what: str) -> None:
     n = len(batch_size)
+    if shape[:n] == batch_size:
+        return
     if len(shape) < n or tuple(shape[:n]) != tuple(batch_size):
         raise BatchSizeError(
             f"{what} {display(path)!r} has shape {tuple(shape)}, which does not start with the "
@@ -125,6 +131,20 @@ def _common_device(values: Any) -> torch.device | None:
     return found
 
 
+def construct(
+    cls: type[Node], source: Mapping[Any, Any] | None, batch_size: Any, device: Any
+) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """The ``_data`` and ``_meta`` of a node of type ``cls`` made by the constructor (validated, untagged leaves)."""
+    if isinstance(source, Node):
+        source = source._data
+    size = as_batch_size(batch_size)
+    if not source:  # nothing to check, nothing to sort
+        dev = as_device(device)
+        return {}, ((), size, dev, cls._tags)
+    data, dev = _checked(cls._root, nest(source), size, as_device(device), ())
+    return data, (tuple(data), size, dev, cls._tags)
+
+
 def build(
     root: type,
     data: Mapping[str, Any],
@@ -133,16 +153,39 @@ def build(
     prefix: tuple[str, ...] = (),
 ) -> Any:
     """A validated, untagged node of type ``root`` from a mapping with str keys."""
+    data, device = _checked(root, data, batch_size, device, prefix)
+    return make(root, data, batch_size, device)
+
+
+def _checked(
+    root: type, data: Mapping[str, Any], batch_size: torch.Size, device: torch.device | None, prefix: tuple[str, ...]
+) -> tuple[dict[str, Any], torch.device | None]:
+    """``data`` validated, in canonical key order, and the node's device."""
     n = len(batch_size)
     checked = {}
+    plain = True  # every value a tensor that fits, on one device: nothing for settle_device to do
+    found = None  # that device, when none is given
     for k, v in data.items():
         # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
-        if isinstance(v, torch.Tensor) and v.shape[:n] == batch_size and (device is None or v.device == device):
-            checked[k] = v
-        else:
-            checked[k] = entry((*prefix, k), v, batch_size, device, root)
-    checked, device = settle_device(checked, device)
-    return make(root, sorted_data(checked), batch_size, device)
+        if isinstance(v, _Tensor) and v.shape[:n] == batch_size:
+            d = v.device
+            if device is None:
+                if found is None:
+                    found = d
+                elif plain and d != found:
+                    plain = False
+                checked[k] = v
+                continue
+            if d == device:
+                checked[k] = v
+                continue
+        checked[k] = entry((*prefix, k), v, batch_size, device, root)
+        plain = False
+    if not plain:
+        checked, device = settle_device(checked, device)
+    elif device is None:
+        device = found
+    return sorted_data(checked), device
 
 
 def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[dict[str, Any], torch.device | None]:
@@ -156,6 +199,8 @@ def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[di
     device = _common_device(data.values())
     if device is None:
         return data, None
+    if not any(isinstance(v, Node) and v._meta[2] is None for v in data.values()):
+        return data, device
     settled = {
         k: build(type(v)._root, v._data, v._meta[1], device) if isinstance(v, Node) and v._meta[2] is None else v
         for k, v in data.items()
