@@ -43,32 +43,59 @@ _STR = {str}
 _Tensor = torch.Tensor
 
 
+def _owned(level: dict[str, Any], part: str, made: set[int]) -> dict[str, Any] | None:
+    """The dict at ``level[part]``, replaced by a copy first unless :func:`nest` made it, so that
+    merging tuple keys never writes into a mapping or node the caller passed; None for a tensor."""
+    current = level[part]
+    if id(current) in made:
+        return current
+    if isinstance(current, Node):
+        current = dict(current._data)
+    elif isinstance(current, Mapping):
+        current = nest(current)
+    else:
+        return None
+    level[part] = current
+    made.add(id(current))
+    return current
+
+
+def _put(level: dict[str, Any], path: tuple[str, ...], value: Any, made: set[int]) -> None:
+    """Set ``value`` at ``path[-1]`` of ``level``; mappings given at one key from two places merge
+    key by key, anything else given twice is a KeyCollisionError naming the key."""
+    last = path[-1]
+    if last not in level:
+        level[last] = value
+        return
+    merged = _owned(level, last, made) if isinstance(value, (Mapping, Node)) else None
+    if merged is None:
+        raise KeyCollisionError(f"key {display(path)!r} is given twice")
+    for key, sub in nest(value._data if isinstance(value, Node) else value).items():
+        _put(merged, (*path, key), sub, made)
+
+
 def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
-    """``source`` with tuple keys expanded into nested dicts (str keys checked)."""
+    """A new dict of ``source`` with tuple keys expanded into nested dicts (str keys checked);
+    ``source`` and the mappings in it are never changed."""
     if {*map(type, source)} <= _STR:
         return dict(source)
     out: dict[str, Any] = {}
+    made = {id(out)}
     for key, value in source.items():
         path = as_path(key)
         level = out
         for depth, part in enumerate(path[:-1]):
-            nxt = level.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                if isinstance(nxt, Node):
-                    nxt = level[part] = dict(nxt._data)
-                else:
-                    raise KeyCollisionError(
-                        f"key {display(path)!r} needs {display(path[: depth + 1])!r} to be a node, "
-                        "but a tensor is given for it"
-                    )
+            if part not in level:
+                level[part] = {}
+                made.add(id(level[part]))
+            nxt = _owned(level, part, made)
+            if nxt is None:
+                raise KeyCollisionError(
+                    f"key {display(path)!r} needs {display(path[: depth + 1])!r} to be a node, "
+                    "but a tensor is given for it"
+                )
             level = nxt
-        last = path[-1]
-        if last in level and isinstance(level[last], dict) and isinstance(value, Mapping):
-            level[last].update(nest(value))
-        elif last in level:
-            raise KeyCollisionError(f"key {display(path)!r} is given twice")
-        else:
-            level[last] = value
+        _put(level, path, value, made)
     return out
 
 

@@ -22,6 +22,27 @@ def test_tuple_keys_in_constructor_nest() -> None:
     assert list(td.keys(include_nested=True)) == ["a", ("a", "b"), ("a", "c")]
 
 
+@pytest.mark.parametrize("first", [True, False])
+def test_tuple_keys_merge_without_changing_the_callers_mappings(first: bool) -> None:
+    inner = {"x": torch.zeros(2), "deep": {"z": torch.zeros(2)}}
+    sub = tt.TensorDict({"x": torch.zeros(2)}, [2])
+    entries = [("a", inner), (("a", "y"), torch.ones(2)), (("a", "deep", "w"), torch.ones(2)), ("s", sub),
+               (("s", "y"), torch.ones(2)), (("m",), {"p": torch.ones(2)}), ("m", {"q": torch.ones(2)})]
+    source = dict(entries if first else entries[::-1])
+    td = tt.TensorDict(source, [2])
+    assert list(td.keys(include_nested=True)) == [
+        "a", ("a", "deep"), ("a", "deep", "w"), ("a", "deep", "z"), ("a", "x"), ("a", "y"),
+        "m", ("m", "p"), ("m", "q"), "s", ("s", "x"), ("s", "y"),
+    ]
+    assert list(inner) == ["x", "deep"] and list(inner["deep"]) == ["z"]
+    assert list(sub.keys()) == ["x"]
+
+
+def test_a_leaf_given_twice_through_tuple_keys_is_refused() -> None:
+    with pytest.raises(KeyCollisionError, match=r"\('a', 'b'\) is given twice"):
+        tt.TensorDict({("a", "b"): torch.ones(2), "a": {"b": torch.zeros(2)}}, [2])
+
+
 def test_tuple_key_under_a_leaf_is_refused() -> None:
     with pytest.raises(KeyCollisionError, match=r"needs 'a' to be a node"):
         tt.TensorDict({"a": torch.ones(2), ("a", "b"): torch.ones(2)}, [2])
