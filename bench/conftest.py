@@ -12,9 +12,7 @@ by default ``inductor`` when timing and ``eager`` under ``--benchmark-disable``:
 ``make test`` runs each case once, to check that it still traces as one graph
 (dynamo's part); inductor's code generation costs seconds per graph on two
 cores, and even aot_eager doubles the cost of the tracing. tests/test_compile_*
-check tdtree's graphs through aot_eager. For the same reason the compiled
-tensordict rows are skipped under ``--benchmark-disable`` unless
-``--compile-backend`` is given.
+check tdtree's graphs through aot_eager.
 
 Bench cases run with ``--torch-threads`` intra-op threads (default 1, restored
 after each case). The suite times what a library adds around torch's kernels;
@@ -104,7 +102,7 @@ def impl(impl_name: str, request: pytest.FixtureRequest, benchmark: object) -> I
 
 
 @pytest.fixture
-def compiler(request: pytest.FixtureRequest, impl_name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def compiler(request: pytest.FixtureRequest) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """``torch.compile(fn, fullgraph=True, dynamic=False)`` with the session's backend (see the module doc)."""
     backend = request.config.getoption("--compile-backend")
     once = backend is None and request.config.getoption("benchmark_disable")
@@ -112,8 +110,6 @@ def compiler(request: pytest.FixtureRequest, impl_name: str) -> Callable[[Callab
         backend = "eager" if once else "inductor"
 
     def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if once and impl_name == "tensordict":
-            pytest.skip("compiled tensordict rows run when timing: tracing tensordict takes seconds per case")
         # Each case starts from empty caches: modules of one class share their
         # forward's code object, and the cases together would pass dynamo's
         # recompile limit for it (an error under fullgraph=True).
