@@ -26,22 +26,7 @@ import torch
 import tdtree
 
 from .impls import Impl
-
-MODES = ["eager", "compile"]
-
-
-def _run(benchmark: Any, impl: Impl, mode: str, compiler: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """Time ``fn(*args)``, compiled when ``mode`` says so, after two warm calls."""
-    if mode == "compile":
-        fn = compiler(fn)
-    fn(*args)
-    fn(*args)
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    out = benchmark(fn, *args)
-    if impl.name != "tensordict":
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "recompiled while timed"
-    return out
-
+from .modes import MODES, run_mode
 
 def nested_td(impl: Impl) -> Any:
     """tensordict's compile-suite nested node: a scalar "a" and a sub-node "i" at each of 10 levels."""
@@ -110,7 +95,7 @@ def _leaf(out: Any, *path: str) -> torch.Tensor:
 @pytest.mark.pytree
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_one_nested(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
-    out = _run(benchmark, impl, mode, compiler, _fn(impl, "add_one"), nested_td(impl))
+    out = run_mode(benchmark, impl, mode, compiler, _fn(impl, "add_one"), nested_td(impl))
     assert _leaf(out, *map(str, range(10)), "a") == 2
 
 
@@ -118,21 +103,21 @@ def test_compile_add_one_nested(benchmark, impl: Impl, mode: str, compiler: Any)
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_copy_nested(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     td = nested_td(impl)
-    out = _run(benchmark, impl, mode, compiler, _fn(impl, "copy"), td)
+    out = run_mode(benchmark, impl, mode, compiler, _fn(impl, "copy"), td)
     assert out is not td and _leaf(out, *map(str, range(10)), "a") == 1
 
 
 @pytest.mark.pytree
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_one_flat(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
-    out = _run(benchmark, impl, mode, compiler, _fn(impl, "add_one"), flat_td(impl))
+    out = run_mode(benchmark, impl, mode, compiler, _fn(impl, "add_one"), flat_td(impl))
     assert out["49"] == 50
 
 
 @pytest.mark.pytree
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_self_flat(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
-    out = _run(benchmark, impl, mode, compiler, _fn(impl, "add_self"), flat_td(impl))
+    out = run_mode(benchmark, impl, mode, compiler, _fn(impl, "add_self"), flat_td(impl))
     assert out["49"] == 98
 
 
@@ -140,7 +125,7 @@ def test_compile_add_self_flat(benchmark, impl: Impl, mode: str, compiler: Any) 
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_copy_flat(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     td = flat_td(impl)
-    out = _run(benchmark, impl, mode, compiler, _fn(impl, "copy"), td)
+    out = run_mode(benchmark, impl, mode, compiler, _fn(impl, "copy"), td)
     assert out is not td and out["49"] is td["49"]
 
 
@@ -171,7 +156,7 @@ def test_compile_assign_and_add(benchmark, impl: Impl, mode: str, compiler: Any)
     """Write 100 scalar keys into an empty node, then add 1. tensordict and the dict
     assign in place (``td[key] = i``); tdtree sets them one by one, each ``set`` a new node."""
     fn = {"tdtree": set_and_add, "tensordict": assign_and_add, "pytree": assign_and_add_pytree}[impl.name]
-    out = _run(benchmark, impl, mode, compiler, fn, impl.node({}, ()), 5)
+    out = run_mode(benchmark, impl, mode, compiler, fn, impl.node({}, ()), 5)
     assert out["104"] == 105
 
 
@@ -197,7 +182,7 @@ def test_compile_indexing(benchmark, impl: Impl, mode: str, index_type: str, com
     "int" is 5."""
     td = impl.node({"a": torch.arange(100), "b": {"c": torch.arange(100)}}, (100,))
     fn = index_pytree if impl.name == "pytree" else index
-    out = _run(benchmark, impl, mode, compiler, fn, td, INDICES[index_type])
+    out = run_mode(benchmark, impl, mode, compiler, fn, td, INDICES[index_type])
     assert torch.equal(out["b"]["c"], torch.arange(100)[INDICES[index_type]])
 
 
@@ -211,7 +196,7 @@ def test_compile_clone_shallow(benchmark, impl: Impl, mode: str, n_fields: int, 
     """``clone(recurse=False)`` of ``n_fields`` keys of shape (4,) (pytree: a shallow dict copy)."""
     td = impl.node({f"k{i}": torch.randn(4) for i in range(n_fields)}, (4,))
     fn = (lambda d: dict(d)) if impl.name == "pytree" else clone_shallow
-    out = _run(benchmark, impl, mode, compiler, fn, td)
+    out = run_mode(benchmark, impl, mode, compiler, fn, td)
     assert out is not td and out["k0"] is td["k0"]
 
 
@@ -233,5 +218,5 @@ def test_compile_update_inplace(benchmark, impl: Impl, mode: str, compiler: Any)
     td = impl.node({f"k{i}": torch.randn(4) for i in range(20)}, (4,))
     src = impl.node({f"k{i}": torch.ones(4) for i in range(20)}, (4,))
     fn = update_inplace_pytree if impl.name == "pytree" else update_inplace
-    out = _run(benchmark, impl, mode, compiler, fn, td, src)
+    out = run_mode(benchmark, impl, mode, compiler, fn, td, src)
     assert out is td and torch.equal(td["k19"], torch.ones(4))

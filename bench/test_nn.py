@@ -30,12 +30,10 @@ import tdtree
 from tdtree.nn import TDModule, TDSequential, from_module, functional_call
 
 from .impls import Impl, tensordict
+from .modes import MODES, run_mode
 
 if tensordict is not None:
     from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
-
-MODES = ["eager", "compile"]
-
 
 class AddOne(nn.Module):
     """``x + 1``: tensordict's suite wraps a lambda; tdtree's TDModule takes modules."""
@@ -78,19 +76,6 @@ def _params(impl: Impl, module: nn.Module) -> Any:
     if impl.name == "tensordict":
         return tensordict.TensorDict.from_module(module)
     return module.state_dict()
-
-
-def _run(benchmark: Any, impl: Impl, mode: str, compiler: Any, fn: Callable[..., Any], *args: Any) -> Any:
-    """Time ``fn(*args)``, compiled when ``mode`` says so, after two warm calls."""
-    if mode == "compile":
-        fn = compiler(fn)
-    fn(*args)
-    fn(*args)
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    out = benchmark(fn, *args)
-    if impl.name != "tensordict":
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs, "recompiled while timed"
-    return out
 
 
 # -- one module, one key (functional_benchmarks_test) ---------------------------------------
@@ -340,7 +325,7 @@ def _seq(impl: Impl, layers: list[nn.Module]) -> Callable[[Any], Any]:
 def test_mod_add(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     """``x + 1`` from "a" into ("c", "d") on a node of one scalar."""
     td = _node(impl, {"a": torch.zeros(())})
-    out = _run(benchmark, impl, mode, compiler, _mod(impl, AddOne(), "a", ("c", "d")), td)
+    out = run_mode(benchmark, impl, mode, compiler, _mod(impl, AddOne(), "a", ("c", "d")), td)
     assert out["c"]["d"] == 1
 
 
@@ -350,7 +335,7 @@ def test_mod_wrap(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     """The MLP (32 wide) from "a" (32 x 3) into ("c", "d")."""
     net = mlp()
     td = _node(impl, {"a": torch.zeros(32, 3)})
-    out = _run(benchmark, impl, mode, compiler, _mod(impl, net, "a", ("c", "d")), td)
+    out = run_mode(benchmark, impl, mode, compiler, _mod(impl, net, "a", ("c", "d")), td)
     torch.testing.assert_close(out["c"]["d"], net(torch.zeros(32, 3)))
 
 
@@ -370,7 +355,7 @@ def test_mod_wrap_and_backward(benchmark, impl: Impl, mode: str, compiler: Any) 
         out.mean().backward()
         return out
 
-    out = _run(benchmark, impl, "eager", compiler, step, td)
+    out = run_mode(benchmark, impl, "eager", compiler, step, td)
     assert out.shape == (32, 4) and net[0].weight.grad is not None
 
 
@@ -379,7 +364,7 @@ def test_mod_wrap_and_backward(benchmark, impl: Impl, mode: str, compiler: Any) 
 def test_seq_add(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     """Two ``x + 1`` modules through "hidden", which the output drops."""
     td = _node(impl, {"a": torch.zeros(())})
-    out = _run(benchmark, impl, mode, compiler, _seq(impl, [AddOne(), AddOne()]), td)
+    out = run_mode(benchmark, impl, mode, compiler, _seq(impl, [AddOne(), AddOne()]), td)
     assert out["c"]["d"] == 2 and "hidden" not in out.keys()
 
 
@@ -389,7 +374,7 @@ def test_seq_wrap(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     """Each layer of the MLP (32 wide) as its own module, through "hidden"."""
     net = mlp()
     td = _node(impl, {"a": torch.zeros(32, 3)})
-    out = _run(benchmark, impl, mode, compiler, _seq(impl, list(net)), td)
+    out = run_mode(benchmark, impl, mode, compiler, _seq(impl, list(net)), td)
     torch.testing.assert_close(out["c"]["d"], net(torch.zeros(32, 3)))
     assert "hidden" not in out.keys()
 
@@ -409,7 +394,7 @@ def test_seq_wrap_and_backward(benchmark, impl: Impl, mode: str, compiler: Any) 
         out.mean().backward()
         return out
 
-    out = _run(benchmark, impl, "eager", compiler, step, td)
+    out = run_mode(benchmark, impl, "eager", compiler, step, td)
     assert out.shape == (32, 4) and net[0].weight.grad is not None
 
 
@@ -441,7 +426,7 @@ def test_func_call_runtime(benchmark, impl: Impl, mode: str, compiler: Any) -> N
     module = mlp(depth=10, num_cells=16, feature_dim=16)
     call, params = _func_call(impl, module)
     x = torch.randn(2, 2, 16)
-    out = _run(benchmark, impl, mode, compiler, call, x, params)
+    out = run_mode(benchmark, impl, mode, compiler, call, x, params)
     torch.testing.assert_close(out, module(x))
 
 
@@ -461,5 +446,5 @@ def test_func_call_runtime_and_backward(benchmark, impl: Impl, mode: str, compil
         result.mean().backward()
         return result.detach()
 
-    out = _run(benchmark, impl, "eager", compiler, step, x, params)
+    out = run_mode(benchmark, impl, "eager", compiler, step, x, params)
     torch.testing.assert_close(out, module(x))
