@@ -9,9 +9,10 @@ assert that nothing recompiles while timed. tensordict's suite compiles with
 ``mode="reduce-overhead"`` (CUDA graphs); on the CPU that is the default mode.
 
 Rows: tdtree, tensordict, and pytree (plain dicts with ``optree.tree_map``,
-which dynamo traces as it does torch's own pytrees). Left out: the
-tensorclass rows (``tensorclass``, ``replace``, ``getattr``: tdtree's
-tensorclass is its own issue) and the lazy stack, which tdtree does not have.
+which dynamo traces as it does torch's own pytrees). The tensorclass rows
+(``tensorclass``, ``replace``, ``getattr``) are in ``test_tensorclass.py``,
+which runs them through ``_run`` too. Left out: the lazy stack, which tdtree
+does not have.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Tensorclasses, after tensordict's benchmarks/tensorclass/test_tensorclass_speed.py (``test_tc_*``)
-and the tensorclass cases of its benchmarks/compile/compile_td_test.py (eager mode only: compiling in
-every ``make test`` run would cost too much; tests/test_tensorclass.py checks the compiled path).
+and the tensorclass cases of its benchmarks/compile/compile_td_test.py, eager and compiled as the
+cases of ``test_compile.py`` are (its ``_run`` and the ``compiler`` fixture: inductor when timing,
+dynamo with the eager backend under ``--benchmark-disable``, where the compiled tensordict rows are
+skipped).
 
 The record is tensordict's ``MyData``: tensors ``a``, ``b``, a string ``c`` and an optional nested
 ``MyData`` ``d``; ``ManyFields`` has ten tensor fields. The tdtree row uses ``tdtree.TensorClass``,
@@ -18,6 +20,7 @@ import torch
 import tdtree
 
 from .impls import Impl, tensordict
+from .test_compile import MODES, _run, add_one, add_self
 
 
 class MyData(tdtree.TensorClass):
@@ -149,7 +152,7 @@ def test_tc_second_layer_nontensor(benchmark, impl: Impl) -> None:
     assert benchmark(lambda: d.d.c) == "a string"
 
 
-# -- compile_td_test.py's tensorclass cases, eager ---------------------------------------------
+# -- compile_td_test.py's tensorclass cases, eager and compiled ---------------------------------
 
 
 def _flat(impl: Impl) -> Any:
@@ -162,18 +165,22 @@ def _replace_state(impl: Impl) -> Any:
     return cls(**{k: torch.randn(4) for k in "xyzwv"}, batch_size=[4])
 
 
-@pytest.mark.parametrize("mode", ["eager"])
-def test_compile_add_one_flat_tensorclass(benchmark, impl: Impl, mode: str) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_add_one_flat_tensorclass(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     tc = _flat(impl)
-    out = benchmark(lambda: tc + 1)
+    out = _run(benchmark, impl, mode, compiler, add_one, tc)
     assert type(out) is type(tc) and out.f[0] == 2
 
 
-@pytest.mark.parametrize("mode", ["eager"])
-def test_compile_add_self_flat_tensorclass(benchmark, impl: Impl, mode: str) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_add_self_flat_tensorclass(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     tc = _flat(impl)
-    out = benchmark(lambda: tc + tc)
+    out = _run(benchmark, impl, mode, compiler, add_self, tc)
     assert type(out) is type(tc) and out.a[0] == 2
+
+
+def _replace_single(s: Any) -> Any:
+    return s.replace(x=s.x + 1)
 
 
 def _replace_multi(s: Any) -> Any:
@@ -189,12 +196,12 @@ def _replace_multi(s: Any) -> Any:
     return s.replace(x=s.x + s.y + s.z)
 
 
-@pytest.mark.parametrize("mode", ["eager"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("variant", ["single", "multi"])
-def test_compile_replace(benchmark, impl: Impl, mode: str, variant: str) -> None:
+def test_compile_replace(benchmark, impl: Impl, mode: str, variant: str, compiler: Any) -> None:
     s = _replace_state(impl)
-    fn = (lambda: s.replace(x=s.x + 1)) if variant == "single" else (lambda: _replace_multi(s))
-    out = benchmark(fn)
+    fn = _replace_single if variant == "single" else _replace_multi
+    out = _run(benchmark, impl, mode, compiler, fn, s)
     assert type(out) is type(s)
     if variant == "single":
         assert torch.equal(out.x, s.x + 1)
@@ -212,15 +219,16 @@ def _big20(impl: Any) -> Any:
 _BIG20: dict[str, Any] = {}
 
 
-@pytest.mark.parametrize("mode", ["eager"])
-def test_compile_tc_getattr_20(benchmark, impl: Impl, mode: str) -> None:
+def _getattr_sum(tc: Any) -> torch.Tensor:
+    total = tc.f0
+    for i in range(1, 20):
+        total = total + getattr(tc, f"f{i}")
+    return total
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_tc_getattr_20(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     cls = _BIG20.get(impl.name) or _BIG20.setdefault(impl.name, _big20(impl))
     tc = cls(**{f"f{i}": torch.randn(4) for i in range(20)}, batch_size=[4])
-
-    def getattr_sum() -> torch.Tensor:
-        total = tc.f0
-        for i in range(1, 20):
-            total = total + getattr(tc, f"f{i}")
-        return total
-
-    assert torch.allclose(benchmark(getattr_sum), sum(getattr(tc, f"f{i}") for i in range(20)))
+    out = _run(benchmark, impl, mode, compiler, _getattr_sum, tc)
+    assert torch.allclose(out, sum(getattr(tc, f"f{i}") for i in range(20)))

@@ -19,17 +19,18 @@ devices: move the value with ``.to(...)`` first. All values are read before any 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from typing import Any
 
 import optree
 import torch
+from torch import Tensor
 
 from ._base import Node
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
-from ._tags import storage_key
 from ._validate import nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError
 
@@ -59,103 +60,140 @@ def _broadcasts(source: torch.Size, target: torch.Size) -> bool:
     return all(s == t or s == 1 for s, t in zip(reversed(source), reversed(target)))
 
 
-def _fits(leaf: torch.Tensor, value: torch.Tensor) -> bool:
-    """The common case, tested fast: same dtype, shape and device, and a leaf without stride 0."""
-    return (
-        value.dtype == leaf.dtype
-        and value.shape == leaf.shape
-        and value.device == leaf.device
-        and 0 not in leaf.stride()
-    )
+# The in-place writers test each value against its leaf fast, inline (a call per leaf
+# costs more than the test): a tensor of the leaf's dtype and shape, on its device
+# (not tested when _same_device says both nodes hold every leaf there), and a
+# contiguous leaf (so no stride 0). Every other value goes through _checked.
+
+
+def _same_device(node: Node, other: Any) -> bool:
+    """Whether ``node`` and ``other`` are nodes with every leaf on one device: a node's device, when
+    it has one, is every leaf's (checked when the node was built)."""
+    return isinstance(other, Node) and node._meta[2] is not None and node._meta[2] == other._meta[2]
 
 
 def _checked(
     op: str, path: tuple[str, ...], leaf: torch.Tensor, value: Any, exact_shape: bool = False, fill: bool = False
 ) -> Any:
     """``value`` when it can be written into ``leaf`` without changing it, else WriteError / TypeError."""
-    if isinstance(value, torch.Tensor) and _fits(leaf, value):
-        return value
-    where = f"{op}: {display(path)!r}"
     if isinstance(value, torch.Tensor):
         if not torch.can_cast(value.dtype, leaf.dtype):
             raise WriteError(
-                f"{where} holds {leaf.dtype} and the value is {value.dtype}, which does not cast to it "
-                f"without truncation; in-place writes never change a dtype: convert the value with "
+                f"{_where(op, path)} holds {leaf.dtype} and the value is {value.dtype}, which does not cast to "
+                f"it without truncation; in-place writes never change a dtype: convert the value with "
                 f".to({leaf.dtype}) first"
             )
         if value.device != leaf.device:
             raise WriteError(
-                f"{where} is on {leaf.device} and the value is on {value.device}; in-place writes never "
-                f"change a device: move the value with .to({str(leaf.device)!r}) first"
+                f"{_where(op, path)} is on {leaf.device} and the value is on {value.device}; in-place writes "
+                f"never change a device: move the value with .to({str(leaf.device)!r}) first"
             )
         if value.shape != leaf.shape:
             if exact_shape:
                 raise WriteError(
-                    f"{where} has shape {tuple(leaf.shape)} and the value has shape {tuple(value.shape)}; "
-                    "copy_ needs equal shapes (update_ broadcasts)"
+                    f"{_where(op, path)} has shape {tuple(leaf.shape)} and the value has shape "
+                    f"{tuple(value.shape)}; copy_ needs equal shapes (update_ broadcasts)"
                 )
             if not _broadcasts(value.shape, leaf.shape):
                 raise WriteError(
-                    f"{where} has shape {tuple(leaf.shape)} and the value's shape {tuple(value.shape)} "
-                    "does not broadcast to it; in-place writes never change a shape: use set() on an "
-                    "unlocked node for a new shape"
+                    f"{_where(op, path)} has shape {tuple(leaf.shape)} and the value's shape "
+                    f"{tuple(value.shape)} does not broadcast to it; in-place writes never change a shape: "
+                    "use set() on an unlocked node for a new shape"
                 )
         if not fill and 0 in leaf.stride() and _overlapping(leaf):
             raise WriteError(
-                f"{where} is an expanded tensor (stride 0 in shape {tuple(leaf.shape)}): several of its "
-                "elements share one memory cell, so it cannot be written element by element; clone() it first"
+                f"{_where(op, path)} is an expanded tensor (stride 0 in shape {tuple(leaf.shape)}): several of "
+                "its elements share one memory cell, so it cannot be written element by element; clone() it first"
             )
         return value
     kind = _SCALAR_KIND.get(type(value))
     if kind is None:
-        raise TypeError(f"{where}: a value is a tensor or a Python number, got {type(value).__name__}")
+        raise TypeError(f"{_where(op, path)}: a value is a tensor or a Python number, got {type(value).__name__}")
     if kind > _dtype_kind(leaf.dtype):
         raise WriteError(
-            f"{where} holds {leaf.dtype} and the value {value!r} is a {type(value).__name__}; in-place "
-            "writes never change a dtype and do not truncate: give a value of the leaf's kind"
+            f"{_where(op, path)} holds {leaf.dtype} and the value {value!r} is a {type(value).__name__}; "
+            "in-place writes never change a dtype and do not truncate: give a value of the leaf's kind"
         )
     return value
 
 
-@torch._dynamo.nonstrict_trace
-def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
-    """For each of ``values``: whether it uses a storage one of ``targets`` uses."""
-    # nonstrict_trace: under torch.compile this runs on the fake tensors at
-    # trace time (they keep their storages' identity), as the tag rule does.
-    known = {key for key in map(storage_key, targets) if key is not None}
-    return tuple(key is not None and key in known for key in map(storage_key, values))
+def _where(op: str, path: tuple[str, ...]) -> str:
+    return f"{op}: {display(path)!r}"
 
 
-def _write(pairs: list[tuple[torch.Tensor, Any]]) -> None:
-    """Write every (leaf, value) pair, reading all values before the first write."""
-    dst = [leaf for leaf, value in pairs if isinstance(value, torch.Tensor)]
-    src = [value for _, value in pairs if isinstance(value, torch.Tensor)]
-    if dst:
-        # a value whose storage is also written is copied first
-        flags = _aliased(src, [leaf for leaf, _ in pairs])
-        src = [v.clone() if aliased else v for v, aliased in zip(src, flags)]
-        torch._foreach_copy_(dst, src)
-    for leaf, value in pairs:
-        if not isinstance(value, torch.Tensor):
+class _Writes:
+    """The writes one call makes, gathered while checking: tensor values, then Python numbers."""
+
+    __slots__ = ("dst", "src", "fills")
+
+    def __init__(self) -> None:
+        self.dst: list[torch.Tensor] = []
+        self.src: list[torch.Tensor] = []
+        self.fills: list[tuple[torch.Tensor, Any]] = []
+
+    def add(self, leaf: torch.Tensor, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            self.dst.append(leaf)
+            self.src.append(value)
+        else:
+            self.fills.append((leaf, value))
+
+    def run(self) -> None:
+        """Write everything, reading all values before the first write."""
+        src = self.src
+        if src:
+            flags = _aliased(src, self.dst)
+            if flags:
+                # a value whose storage is also written is copied first
+                src = [v.clone() if aliased else v for v, aliased in zip(src, flags)]
+            torch._foreach_copy_(self.dst, src)
+        # numbers are read already; tensor values were read by the copy above
+        for leaf, value in self.fills:
             leaf.fill_(value)
 
 
-def _update_pairs(
-    node: Node, source: Mapping[str, Any], prefix: tuple[str, ...], out: list[tuple[torch.Tensor, Any]]
-) -> None:
+_storage = torch.Tensor.untyped_storage
+_cdata = operator.attrgetter("_cdata")
+
+
+@torch._dynamo.nonstrict_trace
+def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
+    """For each of ``values``: whether it uses a storage one of ``targets`` uses; ``()`` when none does."""
+    # nonstrict_trace: under torch.compile this runs on the fake tensors at
+    # trace time (they keep their storages' identity), as the tag rule does.
+    # The identity is tags.storage_key's, without its zero-byte exception: a
+    # shared empty storage only costs a needless clone of an empty value.
+    known = set(map(_cdata, map(_storage, targets)))
+    keys = list(map(_cdata, map(_storage, values)))
+    if known.isdisjoint(keys):
+        return ()
+    return tuple(key in known for key in keys)
+
+
+def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...], same: bool, out: _Writes) -> None:
+    data = node._data
+    add_dst, add_src = out.dst.append, out.src.append
     for k, v in source.items():
-        current = node._data.get(k, MISSING)
-        if isinstance(v, torch.Tensor) and isinstance(current, torch.Tensor) and _fits(current, v):
-            out.append((current, v))
+        current = data.get(k, MISSING)
+        if (
+            isinstance(v, Tensor)
+            and isinstance(current, Tensor)
+            and v.dtype == current.dtype
+            and v.shape == current.shape
+            and (same or v.device == current.device)
+            and current.is_contiguous()
+        ):
+            add_dst(current)
+            add_src(v)
             continue
         path = (*prefix, k)
         if current is MISSING:
-            raise KeyNotFoundError(display(path), [display((*prefix, j)) for j in node._data])
+            raise KeyNotFoundError(display(path), [display((*prefix, j)) for j in data])
         if isinstance(current, Node):
             if isinstance(v, Node):
-                _update_pairs(current, v._data, path, out)
+                _update_pairs(current, v._data, path, _same_device(current, v), out)
             elif isinstance(v, Mapping):
-                _update_pairs(current, nest(v), path, out)
+                _update_pairs(current, nest(v), path, False, out)
             else:
                 raise WriteError(
                     f"update_: {display(path)!r} is a node; give it a mapping or a node, not a {type(v).__name__}"
@@ -166,7 +204,7 @@ def _update_pairs(
                 "writes never change the structure: use update() on an unlocked node"
             )
         else:
-            out.append((current, _checked("update_", path, current, v)))
+            out.add(current, _checked("update_", path, current, v))
 
 
 def update_(node: Node, other: Mapping[Any, Any] | Node) -> Node:
@@ -186,29 +224,41 @@ def update_(node: Node, other: Mapping[Any, Any] | Node) -> Node:
         6.0
     """
     source = other._data if isinstance(other, Node) else nest(other)
-    pairs: list[tuple[torch.Tensor, Any]] = []
-    _update_pairs(node, source, (), pairs)
-    _write(pairs)
+    writes = _Writes()
+    _update_pairs(node, source, (), _same_device(node, other), writes)
+    writes.run()
     return node
 
 
-def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], out: list[tuple[torch.Tensor, Any]]) -> None:
+def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], same: bool, out: _Writes) -> None:
     if node._meta[0] != other._meta[0]:
         raise KeyMismatchError(
             "copy_" if not prefix else f"copy_ at {display(prefix)!r}",
             [display((*prefix, k)) for k in node._meta[0]],
             [display((*prefix, k)) for k in other._meta[0]],
         )
-    for k, leaf in node._data.items():
+    add_dst, add_src = out.dst.append, out.src.append
+    # equal keys, both in canonical order: the values pair up in order
+    for k, leaf, value in zip(node._meta[0], node._data.values(), other._data.values()):
+        if (
+            isinstance(value, Tensor)
+            and isinstance(leaf, Tensor)
+            and value.dtype == leaf.dtype
+            and value.shape == leaf.shape
+            and (same or value.device == leaf.device)
+            and leaf.is_contiguous()
+        ):
+            add_dst(leaf)
+            add_src(value)
+            continue
         path = (*prefix, k)
-        value = other._data[k]
         if isinstance(leaf, Node) and isinstance(value, Node):
-            _copy_pairs(leaf, value, path, out)
+            _copy_pairs(leaf, value, path, _same_device(leaf, value), out)
         elif isinstance(leaf, Node) or isinstance(value, Node):
             kinds = ("a node", "a tensor") if isinstance(leaf, Node) else ("a tensor", "a node")
             raise WriteError(f"copy_: {display(path)!r} is {kinds[0]} here and {kinds[1]} in the source")
         else:
-            out.append((leaf, _checked("copy_", path, leaf, value, exact_shape=True)))
+            out.add(leaf, _checked("copy_", path, leaf, value, exact_shape=True))
 
 
 def copy_(node: Node, other: Node) -> Node:
@@ -223,9 +273,9 @@ def copy_(node: Node, other: Node) -> Node:
     """
     if not isinstance(other, Node):
         raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
-    pairs: list[tuple[torch.Tensor, Any]] = []
-    _copy_pairs(node, other, (), pairs)
-    _write(pairs)
+    writes = _Writes()
+    _copy_pairs(node, other, (), _same_device(node, other), writes)
+    writes.run()
     return node
 
 
@@ -254,10 +304,10 @@ def fill_(node: Node, key: NestedKey, value: Any) -> Node:
             f"fill_: {display(path)!r}: the value has shape {tuple(value.shape)}; fill_ takes a number or a "
             "0-dim tensor (use update_ to write a tensor)"
         )
-    if isinstance(target, Node):
-        named = [((*path, *as_path(k)), t) for k, t in walk(target, True, True)]
-    else:
-        named = [(path, target)]
+    if not isinstance(target, Node):
+        target.fill_(_checked("fill_", path, target, value, fill=True))
+        return node
+    named = [((*path, *as_path(k)), t) for k, t in walk(target, True, True)]
     checked = [(leaf, _checked("fill_", p, leaf, value, fill=True)) for p, leaf in named]
     for leaf, v in checked:
         leaf.fill_(v)

@@ -80,6 +80,21 @@ def test_update_reads_all_values_before_writing() -> None:
     assert torch.equal(td["a"], torch.tensor([4.0, 3.0]))
 
 
+def test_update_reads_a_value_before_a_number_overwrites_its_leaf() -> None:
+    td = tt.TensorDict({"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 4.0])}, batch_size=[2])
+    td.update_({"a": 0.0, "b": td["a"]})
+    assert torch.equal(td["a"], torch.zeros(2)) and torch.equal(td["b"], torch.tensor([1.0, 2.0]))
+
+
+def test_update_and_copy_into_non_contiguous_leaves() -> None:
+    base = torch.zeros(3, 2)
+    td = tt.TensorDict({"t": base.t(), "s": torch.zeros(4)[::2]}, batch_size=[2])
+    td.update_({"t": torch.arange(6.0).reshape(2, 3), "s": torch.ones(2)})
+    assert torch.equal(base, torch.arange(6.0).reshape(2, 3).t()) and torch.equal(td["s"], torch.ones(2))
+    td.copy_(tt.TensorDict({"t": torch.ones(2, 3), "s": torch.zeros(2)}, batch_size=[2]))
+    assert torch.equal(base, torch.ones(3, 2)) and torch.equal(td["s"], torch.zeros(2))
+
+
 def test_update_partial_overlap_of_a_leaf_with_itself() -> None:
     base = torch.arange(4.0)
     td = tt.TensorDict({"a": base[1:], "b": base[:3]}, batch_size=[3])
@@ -119,6 +134,17 @@ def test_update_value_that_would_grow_the_leaf_is_refused() -> None:
 def test_update_wrong_device_raises_on_meta() -> None:
     with pytest.raises(WriteError, match=r"'x' is on cpu and the value is on meta.*\.to\('cpu'\)"):
         _node().update_({"x": torch.ones(2, 3, device="meta")})
+
+
+def test_update_and_copy_from_a_node_on_another_device_raise_before_writing() -> None:
+    td = _node()
+    snap = _snapshot(td)
+    other = tt.TensorDict({"x": torch.ones(2, 3)}, batch_size=[2], device="meta")
+    with pytest.raises(WriteError, match=r"update_: 'x' is on cpu and the value is on meta"):
+        td.update_(other)
+    with pytest.raises(WriteError, match=r"copy_: 'i' is on cpu and the value is on meta"):
+        td.copy_(_node().to("meta"))
+    _assert_untouched(snap)
 
 
 def test_update_casts_only_without_truncation() -> None:

@@ -1,0 +1,70 @@
+"""Laws of the in-place writers: every value is read before any leaf is written.
+
+The leaves are disjoint slices of one storage and the values are slices of
+that same storage (or numbers, or fresh tensors), so values overlap the leaves
+in every way: the same tensor, the same memory in another view, a partial
+overlap, a strided view. The result must be the one of reading every value
+first (cloning it), then writing.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tdtree as tt
+
+_LEN = 3  # elements per leaf
+_KEYS = 4  # leaves, at base[i * _LEN : (i + 1) * _LEN]
+
+
+@st.composite
+def _values(draw: st.DrawFn, base: torch.Tensor, numbers: bool) -> object:
+    """A value for one leaf: a view of ``base`` somewhere (contiguous or strided), a fresh tensor, a number."""
+    kinds = ["view", "strided", "fresh", "number"] if numbers else ["view", "strided", "fresh"]
+    kind = draw(st.sampled_from(kinds))
+    if kind == "view":
+        start = draw(st.integers(0, base.numel() - _LEN))
+        return base[start : start + _LEN]
+    if kind == "strided":
+        start = draw(st.integers(0, base.numel() - 2 * _LEN + 1))
+        return base[start : start + 2 * _LEN - 1 : 2]
+    if kind == "fresh":
+        return torch.full((_LEN,), float(draw(st.integers(-9, 9))))
+    return draw(st.integers(-9, 9))
+
+
+def _node(base: torch.Tensor) -> tt.TensorDict:
+    return tt.TensorDict({f"k{i}": base[i * _LEN : (i + 1) * _LEN] for i in range(_KEYS)}, batch_size=[_LEN])
+
+
+def _expected(base: torch.Tensor, values: dict[str, object]) -> torch.Tensor:
+    read = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+    out = base.clone()
+    for k, v in read.items():
+        i = int(k[1:])
+        out[i * _LEN : (i + 1) * _LEN] = v
+    return out
+
+
+@given(st.data(), st.lists(st.sampled_from([f"k{i}" for i in range(_KEYS)]), unique=True, max_size=_KEYS))
+def test_update_reads_every_value_before_writing(data: st.DataObject, keys: list[str]) -> None:
+    base = torch.arange(float(_KEYS * _LEN + 2))  # two spare elements outside every leaf
+    td = _node(base)
+    values = {k: data.draw(_values(base, numbers=True)) for k in keys}
+    expected = _expected(base, values)
+    leaves = list(td.values())
+    assert td.update_(values) is td
+    assert torch.equal(base, expected)
+    assert all(a is b for a, b in zip(td.values(), leaves, strict=True))
+
+
+@given(st.data())
+def test_copy_reads_every_value_before_writing(data: st.DataObject) -> None:
+    base = torch.arange(float(_KEYS * _LEN + 2))
+    td = _node(base)
+    values = {f"k{i}": data.draw(_values(base, numbers=False)) for i in range(_KEYS)}
+    expected = _expected(base, values)
+    assert td.copy_(tt.TensorDict(values, batch_size=[_LEN])) is td
+    assert torch.equal(base, expected)
