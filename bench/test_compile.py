@@ -11,7 +11,7 @@ assert that nothing recompiles while timed. tensordict's suite compiles with
 Rows: tdtree, tensordict, and pytree (plain dicts with ``optree.tree_map``,
 which dynamo traces as it does torch's own pytrees). The tensorclass rows
 (``tensorclass``, ``replace``, ``getattr``) are in ``test_tensorclass.py``,
-which runs them through ``_run`` too. Left out: the lazy stack, which tdtree
+which runs them through ``run_mode`` too. Left out: the lazy stack, which tdtree
 does not have.
 """
 

@@ -1,8 +1,7 @@
 """Tensorclasses, after tensordict's benchmarks/tensorclass/test_tensorclass_speed.py (``test_tc_*``)
 and the tensorclass cases of its benchmarks/compile/compile_td_test.py, eager and compiled as the
-cases of ``test_compile.py`` are (its ``_run`` and the ``compiler`` fixture: inductor when timing,
-dynamo with the eager backend under ``--benchmark-disable``, where the compiled tensordict rows are
-skipped).
+cases of ``test_compile.py`` are (``bench.modes.run_mode`` and the ``compiler`` fixture: inductor
+when timing, dynamo with the eager backend under ``--benchmark-disable``).
 
 The record is tensordict's ``MyData``: tensors ``a``, ``b``, a string ``c`` and an optional nested
 ``MyData`` ``d``; ``ManyFields`` has ten tensor fields. The tdtree row uses ``tdtree.TensorClass``,
@@ -20,7 +19,8 @@ import torch
 import tdtree
 
 from .impls import Impl, tensordict
-from .test_compile import MODES, _run, add_one, add_self
+from .modes import MODES, run_mode
+from .test_compile import add_one, add_self
 
 
 class MyData(tdtree.TensorClass):
@@ -168,14 +168,14 @@ def _replace_state(impl: Impl) -> Any:
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_one_flat_tensorclass(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     tc = _flat(impl)
-    out = _run(benchmark, impl, mode, compiler, add_one, tc)
+    out = run_mode(benchmark, impl, mode, compiler, add_one, tc)
     assert type(out) is type(tc) and out.f[0] == 2
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_self_flat_tensorclass(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     tc = _flat(impl)
-    out = _run(benchmark, impl, mode, compiler, add_self, tc)
+    out = run_mode(benchmark, impl, mode, compiler, add_self, tc)
     assert type(out) is type(tc) and out.a[0] == 2
 
 
@@ -201,7 +201,7 @@ def _replace_multi(s: Any) -> Any:
 def test_compile_replace(benchmark, impl: Impl, mode: str, variant: str, compiler: Any) -> None:
     s = _replace_state(impl)
     fn = _replace_single if variant == "single" else _replace_multi
-    out = _run(benchmark, impl, mode, compiler, fn, s)
+    out = run_mode(benchmark, impl, mode, compiler, fn, s)
     assert type(out) is type(s)
     if variant == "single":
         assert torch.equal(out.x, s.x + 1)
@@ -230,5 +230,5 @@ def _getattr_sum(tc: Any) -> torch.Tensor:
 def test_compile_tc_getattr_20(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     cls = _BIG20.get(impl.name) or _BIG20.setdefault(impl.name, _big20(impl))
     tc = cls(**{f"f{i}": torch.randn(4) for i in range(20)}, batch_size=[4])
-    out = _run(benchmark, impl, mode, compiler, _getattr_sum, tc)
+    out = run_mode(benchmark, impl, mode, compiler, _getattr_sum, tc)
     assert torch.allclose(out, sum(getattr(tc, f"f{i}") for i in range(20)))
