@@ -174,8 +174,10 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
             )
         else:
             new[head] = _set_path(child, path[1:], full, value)
-    if head not in old:
-        new = sorted_data(new)
+    keys = node._meta[0]
+    if head not in old and keys and head < keys[-1]:
+        # a new key before the last one needs a re-sort; one after it keeps dict order sorted
+        new = {k: new[k] for k in sorted(new)}
     new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
 

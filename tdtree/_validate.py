@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, make, sorted_data
+from ._base import Node, make
 from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
@@ -192,9 +192,18 @@ def _checked(
     checked = {}
     plain = True  # every value a tensor that fits, on one device: nothing for settle_device to do
     found = None  # that device, when none is given
-    for k, v in data.items():
+    # Indexing a torch.Size costs less than slicing it (a new Size): batches of up to two dims compare by index.
+    short = n <= 2
+    b0, b1 = (*batch_size, 0, 0)[:2]
+    # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
+    for k in sorted(data):
+        v = data[k]
         # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
-        if isinstance(v, _Tensor) and v.shape[:n] == batch_size:
+        if isinstance(v, _Tensor) and (
+            (len(s := v.shape) >= n and (n < 1 or s[0] == b0) and (n < 2 or s[1] == b1))
+            if short
+            else v.shape[:n] == batch_size
+        ):
             d = v.device
             if device is None:
                 if found is None:
@@ -209,10 +218,8 @@ def _checked(
         checked[k] = entry((*prefix, k), v, batch_size, device, root)
         plain = False
     if not plain:
-        checked, device = settle_device(checked, device)
-    elif device is None:
-        device = found
-    return sorted_data(checked), device
+        return settle_device(checked, device)
+    return checked, found if device is None else device
 
 
 def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[dict[str, Any], torch.device | None]:
