@@ -190,9 +190,10 @@ def _checked(
     """``data`` validated, in canonical key order, and the node's device."""
     n = len(batch_size)
     checked = {}
-    plain = True  # every value a tensor that fits, on one device: nothing for settle_device to do
+    plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
     found = None  # that device, when none is given
-    # Indexing a torch.Size costs less than slicing it (a new Size): batches of up to two dims compare by index.
+    # Indexing a torch.Size costs less than slicing it (a new Size): batches of up to two dims compare by index
+    # (batch () needs no shape at all).
     short = n <= 2
     b0, b1 = (*batch_size, 0, 0)[:2]
     # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
@@ -200,7 +201,7 @@ def _checked(
         v = data[k]
         # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
         if isinstance(v, _Tensor) and (
-            (len(s := v.shape) >= n and (n < 1 or s[0] == b0) and (n < 2 or s[1] == b1))
+            (n == 0 or len(s := v.shape) >= n and s[0] == b0 and (n < 2 or s[1] == b1))
             if short
             else v.shape[:n] == batch_size
         ):
@@ -215,8 +216,15 @@ def _checked(
             if d == device:
                 checked[k] = v
                 continue
-        checked[k] = entry((*prefix, k), v, batch_size, device, root)
-        plain = False
+        checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
+        if device is None and plain:
+            # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
+            # disagree) is left to settle_device
+            d = v._meta[2] if isinstance(v, Node) else v.device
+            if d is None or (found is not None and d != found):
+                plain = False
+            elif found is None:
+                found = d
     if not plain:
         return settle_device(checked, device)
     return checked, found if device is None else device
