@@ -191,7 +191,7 @@ def _checked(
     n = len(batch_size)
     checked = {}
     plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
-    found = None  # that device, when none is given
+    found: torch.device | None = None  # that device, when none is given
     # Indexing a torch.Size costs less than slicing it (a new Size): batches of up to two dims compare by index
     # (batch () needs no shape at all).
     short = n <= 2
