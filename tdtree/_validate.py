@@ -220,11 +220,11 @@ def _checked(
         if device is None and plain:
             # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
             # disagree) is left to settle_device
-            d = v._meta[2] if isinstance(v, Node) else v.device
-            if d is None or (found is not None and d != found):
+            on = v._meta[2] if isinstance(v, Node) else v.device
+            if on is None or (found is not None and on != found):
                 plain = False
             elif found is None:
-                found = d
+                found = on
     if not plain:
         return settle_device(checked, device)
     return checked, found if device is None else device
