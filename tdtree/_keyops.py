@@ -174,9 +174,12 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
             )
         else:
             new[head] = _set_path(child, path[1:], full, value)
-    if head not in old:
-        new = sorted_data(new)
-    new, device = settle_device(new, device)
+    keys = node._meta[0]
+    if head not in old and keys and head < keys[-1]:
+        # a new key before the last one needs a re-sort; one after it keeps dict order sorted
+        new = {k: new[k] for k in sorted(new)}
+    if device is None:  # with a device, entry() moved the value there: nothing to settle
+        new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
 
 
@@ -188,9 +191,15 @@ def _chain(
     a missing key, built bottom up with one key per node (already sorted, the device found once)."""
     data, found = settle_device({path[-1]: entry(full, value, batch_size, device, cls._root)}, device)
     node = make(cls, data, batch_size, found)
+    # settle_device of a lone sub-node: the parent's device, else the sub-node's (the same at every level)
+    dev = device if device is not None else found
+    tags = cls._tags
     for part in reversed(path[:-1]):
-        # settle_device of a lone sub-node: the parent's device, else the sub-node's
-        node = make(cls, {part: node}, batch_size, device if device is not None else node._meta[2])
+        # make() inlined (a deep new path makes one node per level)
+        parent = object.__new__(cls)
+        object.__setattr__(parent, "_data", {part: node})
+        object.__setattr__(parent, "_meta", ((part,), batch_size, dev, tags))
+        node = parent
     return node
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, make, sorted_data
+from ._base import Node, make
 from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
@@ -190,11 +190,21 @@ def _checked(
     """``data`` validated, in canonical key order, and the node's device."""
     n = len(batch_size)
     checked = {}
-    plain = True  # every value a tensor that fits, on one device: nothing for settle_device to do
-    found = None  # that device, when none is given
-    for k, v in data.items():
+    plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
+    found: torch.device | None = None  # that device, when none is given
+    # Indexing a torch.Size costs less than slicing it (a new Size): batches of up to two dims compare by index
+    # (batch () needs no shape at all).
+    short = n <= 2
+    b0, b1 = (*batch_size, 0, 0)[:2]
+    # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
+    for k in sorted(data):
+        v = data[k]
         # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
-        if isinstance(v, _Tensor) and v.shape[:n] == batch_size:
+        if isinstance(v, _Tensor) and (
+            (n == 0 or len(s := v.shape) >= n and s[0] == b0 and (n < 2 or s[1] == b1))
+            if short
+            else v.shape[:n] == batch_size
+        ):
             d = v.device
             if device is None:
                 if found is None:
@@ -206,13 +216,18 @@ def _checked(
             if d == device:
                 checked[k] = v
                 continue
-        checked[k] = entry((*prefix, k), v, batch_size, device, root)
-        plain = False
+        checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
+        if device is None and plain:
+            # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
+            # disagree) is left to settle_device
+            on = v._meta[2] if isinstance(v, Node) else v.device
+            if on is None or (found is not None and on != found):
+                plain = False
+            elif found is None:
+                found = on
     if not plain:
-        checked, device = settle_device(checked, device)
-    elif device is None:
-        device = found
-    return sorted_data(checked), device
+        return settle_device(checked, device)
+    return checked, found if device is None else device
 
 
 def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[dict[str, Any], torch.device | None]:
