@@ -40,6 +40,8 @@ def _torch_flatten_with_keys(node: Node) -> tuple[list[tuple[Any, Any]], tuple]:
 def _check_children(meta: tuple, values: list[Any]) -> None:
     batch_size = meta[1]
     n = len(batch_size)
+    if not n:
+        return  # every shape starts with ()
     for key, value in zip(meta[0], values):
         if isinstance(value, Node):
             shape = value._meta[1]
