@@ -35,7 +35,7 @@ import optree
 import torch
 import torch.utils._pytree as torch_pytree
 
-from ._base import Node, from_meta
+from ._base import Node, from_meta, make, sorted_data
 from ._node import TensorDict
 from ._pytree import NAMESPACE, _check_children
 from ._tags import tag_rule, tagged_type
@@ -316,8 +316,95 @@ def _fill(obj: Any, td: TensorDict, static: tuple[tuple[str, Any], ...], values:
         object.__setattr__(obj, name, entry)
 
 
+_Plan = tuple[tuple[tuple[str, tuple[type, ...] | None, bool], ...], tuple[str, ...] | None, bool]
+
+
+def _plan(cls: Any) -> _Plan:
+    """Per field in declaration order: its name, the types it takes and whether it takes a plain
+    tensor; the fields in canonical (sorted) order when every field takes a plain tensor, else
+    None; and whether the declaration order is the canonical one. Made on first construction."""
+    plan = cls.__dict__.get("_plan")
+    if plan is None:
+        fields = tuple(
+            (name, accepted, accepted is None or issubclass(torch.Tensor, accepted))
+            for name, accepted, _ in _checks(cls)
+        )
+        canonical = tuple(sorted(cls._fields))
+        plan = (fields, canonical if all(f[2] for f in fields) else None, cls._fields == canonical)
+        type.__setattr__(cls, "_plan", plan)
+    return plan
+
+
+_NO_BATCH = torch.Size(())
+
+
+def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device: Any) -> bool:
+    """The common construction in one pass over the fields: every field given by name, each data
+    field a plain ``torch.Tensor`` whose shape starts with ``batch_size`` on the one device, each
+    other field a static value of its annotated type. False for anything else (``obj`` partly
+    written): the full path then builds ``obj`` again and reports what is wrong, in its order.
+
+    The checks on each tensor are the ones ``_validate._checked`` makes on a plain tensor before
+    keeping it as is, so the inner node is made directly."""
+    cls = type(obj)
+    fields, tensors_only, declared_canonical = cls.__dict__.get("_plan") or _plan(cls)
+    if kwargs.keys() != cls._fieldset or (device is not None and type(device) is not torch.device):
+        return False
+    if batch_size is None:
+        batch = _NO_BATCH
+    else:
+        try:
+            batch = as_batch_size(batch_size)
+        except (TypeError, ValueError):
+            return False  # the full path reports a field's error before this one
+    n = len(batch)
+    found = device
+    if tensors_only is not None:
+        # every field takes a tensor: one loop over the values as given, and ``kwargs`` (the dict
+        # __init__ got, which no caller holds) is the node's data when given in canonical order
+        for name, value in kwargs.items():
+            if type(value) is not torch.Tensor or (n and value.shape[:n] != batch):
+                break
+            on = value.device
+            if found is None:
+                found = on
+            elif on != found:
+                return False  # moved to ``device``, or on no one device: the full path settles it
+            object.__setattr__(obj, name, value)
+        else:
+            entries = kwargs if tuple(kwargs) == tensors_only else {k: kwargs[k] for k in tensors_only}
+            object.__setattr__(obj, "_td", make(TensorDict, entries, batch, found))
+            object.__setattr__(obj, "_static", ())
+            return True
+        found = device
+    data: dict[str, Any] = {}
+    static: list[tuple[str, Any]] = []
+    for name, accepted, takes_tensor in fields:
+        value = kwargs[name]
+        if type(value) is torch.Tensor and takes_tensor:
+            if n and value.shape[:n] != batch:
+                return False
+            on = value.device
+            if found is None:
+                found = on
+            elif on != found:
+                return False
+            data[name] = value
+        elif (accepted is None or isinstance(value, accepted)) and isinstance(value, STATIC_TYPES):
+            static.append((name, value))
+        else:
+            return False
+        object.__setattr__(obj, name, value)
+    td = make(TensorDict, data if declared_canonical else sorted_data(data), batch, found)
+    object.__setattr__(obj, "_td", td)
+    object.__setattr__(obj, "_static", tuple(static))
+    return True
+
+
 def construct(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: Any, device: Any) -> None:
     """The public constructor's work: bind, check every field, validate batch prefixes once."""
+    if not args and _construct_common(obj, kwargs, batch_size, device):
+        return
     cls = type(obj)
     values = _bind(cls, args, kwargs) if args or kwargs.keys() != cls._fieldset else kwargs
     data, static = _split(cls, values)

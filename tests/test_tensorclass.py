@@ -166,6 +166,54 @@ def test_repr_names_class_and_every_field():
 # -- construction errors -------------------------------------------------------------------------
 
 
+class Unsorted(tt.TensorClass):
+    b: torch.Tensor
+    a: torch.Tensor
+
+
+class UnsortedMixed(tt.TensorClass):
+    z: torch.Tensor
+    tag: str
+    a: torch.Tensor
+    n: int = 1
+
+
+def _by_position(cls, kwargs, **options):
+    return cls(*(kwargs[f] for f in cls._fields), **options)
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, options",
+    [
+        (Unsorted, {"a": torch.zeros(2), "b": torch.ones(2, 3)}, {"batch_size": [2]}),
+        (Unsorted, {"b": torch.ones(2, 3), "a": torch.zeros(2)}, {}),
+        (UnsortedMixed, {"n": 4, "a": torch.zeros(2), "tag": "t", "z": torch.ones(2, 1)}, {"batch_size": 2}),
+        (Plain, {"a": torch.zeros(3), "flag": False}, {"device": torch.device("cpu")}),
+        (Plain, {"a": torch.nn.Parameter(torch.zeros(3)), "flag": True}, {}),
+        (Maybe, {"a": torch.zeros(3), "b": None}, {}),
+    ],
+)
+def test_construction_by_name_matches_by_position(cls, kwargs, options):
+    by_name, by_position = cls(**kwargs, **options), _by_position(cls, kwargs, **options)
+    assert by_name._td._meta == by_position._td._meta
+    assert by_name._static == by_position._static
+    assert list(by_name._td.keys()) == sorted(by_name._td.keys())
+    for f in cls._fields:
+        assert getattr(by_name, f) is getattr(by_position, f) is by_name._td.get(f, getattr(by_name, f))
+
+
+def test_construction_by_name_on_mixed_devices_has_no_device():
+    out = Unsorted(a=torch.zeros(2), b=torch.zeros(2, device="meta"))
+    assert out.device is None and out.b.device == torch.device("meta")
+
+
+def test_construction_by_name_reports_the_first_field_error():
+    with pytest.raises(FieldError, match=r"UnsortedMixed.tag expects str, got int"):
+        UnsortedMixed(z=torch.zeros(2), tag=1, a=torch.zeros(3), batch_size=[-1])
+    with pytest.raises(BatchSizeError, match="'a'"):
+        UnsortedMixed(z=torch.zeros(2), tag="t", a=torch.zeros(3), batch_size=[2])
+
+
 def test_unknown_field():
     with pytest.raises(FieldError, match=r"Inner has no field 'z'; its fields are \['y', 'label'\]"):
         Inner(y=torch.zeros(2), z=1)
@@ -513,6 +561,7 @@ def stack_unbind(obs: Obs) -> tuple[Obs, ...]:
 COMPILED: dict[str, tuple[Callable[[Obs], Any], Callable[[], Obs]]] = {
     "replace-index-add": (step, make_obs),
     "construct": (build, make_obs),
+    "construct-by-name": (lambda o: Plain(a=o.x[:, 0] * 2, flag=False, batch_size=o.batch_size), make_obs),
     "stack-unbind": (stack_unbind, make_obs),
     "locked-views": (lambda o: o[1:3].reshape(2, 1), lambda: make_obs().lock()),
 }
