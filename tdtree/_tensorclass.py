@@ -340,8 +340,9 @@ _NO_BATCH = torch.Size(())
 
 def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device: Any) -> bool:
     """The common construction in one pass over the fields: every field given by name, each data
-    field a plain ``torch.Tensor`` whose shape starts with ``batch_size`` on the one device, each
-    other field a static value of its annotated type. False for anything else (``obj`` partly
+    field a plain ``torch.Tensor`` (or an untagged TensorDict or tensorclass with a device) whose
+    shape starts with ``batch_size`` on the one device, each other field a static value of its
+    annotated type. False for anything else (``obj`` partly
     written): the full path then builds ``obj`` again and reports what is wrong, in its order.
 
     The checks on each tensor are the ones ``_validate._checked`` makes on a plain tensor before
@@ -358,7 +359,7 @@ def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device:
         except (TypeError, ValueError):
             return False  # the full path reports a field's error before this one
     n = len(batch)
-    found = device
+    found: torch.device | None = device
     if tensors_only is not None:
         # every field takes a tensor: one loop over the values as given, and ``kwargs`` (the dict
         # __init__ got, which no caller holds) is the node's data when given in canonical order
@@ -390,10 +391,25 @@ def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device:
             elif on != found:
                 return False
             data[name] = value
-        elif (accepted is None or isinstance(value, accepted)) and isinstance(value, STATIC_TYPES):
+        elif accepted is not None and not isinstance(value, accepted):
+            return False
+        elif isinstance(value, STATIC_TYPES):
             static.append((name, value))
         else:
-            return False
+            # an untagged TensorDict or tensorclass (its sub-nodes untagged too, by the tag
+            # invariant) on a device is kept as it is, as _checked keeps it
+            node = value._td if isinstance(value, TensorClass) else value
+            if type(node) is not TensorDict:
+                return False
+            meta = node._meta
+            held = meta[2]
+            if held is None or (n and meta[1][:n] != batch):
+                return False
+            if found is None:
+                found = held
+            elif held != found:
+                return False
+            data[name] = node
         object.__setattr__(obj, name, value)
     td = make(TensorDict, data if declared_canonical else sorted_data(data), batch, found)
     object.__setattr__(obj, "_td", td)

@@ -178,6 +178,11 @@ class UnsortedMixed(tt.TensorClass):
     n: int = 1
 
 
+def _obs_fields(**changes):
+    obs = make_obs()
+    return {**{f: getattr(obs, f) for f in Obs._fields}, **changes}
+
+
 def _by_position(cls, kwargs, **options):
     return cls(*(kwargs[f] for f in cls._fields), **options)
 
@@ -191,6 +196,11 @@ def _by_position(cls, kwargs, **options):
         (Plain, {"a": torch.zeros(3), "flag": False}, {"device": torch.device("cpu")}),
         (Plain, {"a": torch.nn.Parameter(torch.zeros(3)), "flag": True}, {}),
         (Maybe, {"a": torch.zeros(3), "b": None}, {}),
+        (Obs, _obs_fields(), {"batch_size": [4]}),
+        (Obs, _obs_fields(extras=TensorDict({"r": torch.ones(4)}, [4]).lock()), {"batch_size": [4]}),
+        (Obs, _obs_fields(inner=make_obs().inner.lock()), {"batch_size": [4]}),
+        (Obs, _obs_fields(extras=TensorDict({}, [4])), {"batch_size": [4]}),
+        (Obs, _obs_fields(extras=TensorDict({"r": torch.ones(4, device="meta")}, [4])), {}),
     ],
 )
 def test_construction_by_name_matches_by_position(cls, kwargs, options):
@@ -198,8 +208,14 @@ def test_construction_by_name_matches_by_position(cls, kwargs, options):
     assert by_name._td._meta == by_position._td._meta
     assert by_name._static == by_position._static
     assert list(by_name._td.keys()) == sorted(by_name._td.keys())
+    leaves, spec = torch_pytree.tree_flatten(by_name)
+    expected, expected_spec = torch_pytree.tree_flatten(by_position)
+    assert spec == expected_spec and len(leaves) == len(expected)
+    assert all(a is b for a, b in zip(leaves, expected))
     for f in cls._fields:
-        assert getattr(by_name, f) is getattr(by_position, f) is by_name._td.get(f, getattr(by_name, f))
+        assert type(getattr(by_name, f)) is type(getattr(by_position, f))
+        if isinstance(kwargs[f], torch.Tensor):
+            assert getattr(by_name, f) is by_name._td[f]
 
 
 def test_construction_by_name_on_mixed_devices_has_no_device():
