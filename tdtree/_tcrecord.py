@@ -3,7 +3,7 @@
 The record names the class by its import path and holds the static fields'
 values (an enum member as its enum's path and member name) and the records of
 nested tensorclasses. Loading accepts only a class in the registry of
-tensorclasses made in this process (:func:`tdtree._tensorclass.registered`)
+tensorclasses made in this process (:func:`tdtree._tcpytree.registered`)
 and an enum that the field's own annotation names: nothing is imported, so a
 file can never run code.
 """
@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ._node import TensorDict
-from ._tensorclass import Layout, _hints, from_layout, registered
+from ._tcpytree import registered
+from ._tensorclass import Layout, _hints, from_layout
 
 __all__ = ["record", "from_record"]
 
