@@ -456,3 +456,25 @@ def test_checksum_detects_a_changed_byte() -> None:
     flipped.view(-1).view(torch.uint8)[0] ^= 1
     assert _crc(td) == int(td["crc"])
     assert _crc(td.set(key, flipped)) != int(td["crc"])
+
+
+def test_uniform_leaves_pack_and_unpack_as_one_stack() -> None:
+    """Leaves of one dtype and shape take the one-stack path; its bytes and node match the general path's."""
+    import dataclasses
+
+    from tdtree.distributed._layout import layout_of, pack, unpack
+
+    gen = torch.Generator().manual_seed(5)
+    td = tt.TensorDict(
+        {"a": {str(i): torch.randn(3, 4, generator=gen) for i in range(3)}, "b": torch.randn(3, 4, generator=gen)},
+        (3, 4),
+    )
+    layout, leaves = layout_of(td)
+    assert layout.stacked == (torch.float32, (4, 3, 4))
+    general = dataclasses.replace(layout, stacked=None)
+    fast = pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8))
+    slow = pack(general, leaves, torch.empty(general.nbytes, dtype=torch.uint8))
+    assert torch.equal(fast, slow)
+    assert_equal(unpack(layout, fast), unpack(general, slow))
+    assert_equal(unpack(layout, fast), td)
+    assert layout_of(tt.TensorDict({"a": torch.ones(2), "b": torch.ones(2, dtype=torch.int64)}))[0].stacked is None
