@@ -108,9 +108,13 @@ def _resolve(peer: int, group: Any) -> tuple[Any, int]:
     Posting on the process group itself skips ``dist.isend``'s per-call checks (a few
     microseconds each, four or more calls a transfer); a transfer resolves them once.
     """
-    if group is None:
-        return dist.group.WORLD, peer
-    return group, dist.get_group_rank(group, peer)
+    if group is not None:
+        return group, dist.get_group_rank(group, peer)  # raises for a rank outside the group
+    world = dist.group.WORLD
+    # the process group itself does not check ranks (gloo crashes on one out of range)
+    if not 0 <= peer < world.size():
+        raise ValueError(f"peer rank {peer} is not in the default group of {world.size()} processes")
+    return world, peer
 
 
 def _wire(x: torch.Tensor) -> torch.Tensor:
