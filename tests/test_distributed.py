@@ -147,6 +147,22 @@ def p2p_every_mode(rank: int, world: int, group: Any) -> dict[Any, Any]:
     return got
 
 
+def p2p_in_a_group(rank: int, world: int, group: Any) -> dict[Any, Any]:
+    """On global ranks 2 and 3, in their own group: peers are named by global rank, as in torch."""
+    peer = (2, 3)[1 - rank]
+    got: dict[Any, Any] = {}
+    for mode in MODES:
+        if rank == 0:
+            ttd.send(nested(1), peer, group=group, consolidated=mode)
+            got[mode] = ttd.recv(nested(100), peer, group=group, consolidated=mode)
+        else:
+            got[mode] = ttd.recv(nested(100), peer, group=group, consolidated=mode)
+            ttd.send(nested(2), peer, group=group, consolidated=mode)
+    got["outside the group"] = _error(lambda: ttd.send(nested(1), 1 - rank, group=group))
+    got["outside the world"] = _error(lambda: ttd.irecv(nested(1), 4 + rank))
+    return got
+
+
 def p2p_large(rank: int, world: int, group: Any) -> dict[Any, Any]:
     """A 64 MB node from rank 0 to rank 1 in every mode; rank 1 compares with large(7) itself."""
     td = large(7)
@@ -303,6 +319,7 @@ SCENARIOS: list[tuple[Callable[[int, int, Any], Any], tuple[int, ...]]] = [
     (p2p_large, (0, 1)),
     (recv_into_shared_and_memmap, (0, 1)),
     (collectives_two, (2, 3)),
+    (p2p_in_a_group, (2, 3)),
     (mismatches, (0, 1)),
     (reliability, (0, 1)),
     (collectives_four, (0, 1, 2, 3)),
@@ -343,6 +360,18 @@ def test_send_recv_isend_irecv_every_mode(results: list[dict[str, Any]]) -> None
         assert_equal(on_1, nested(1))
         assert_equal(on_0, nested(2))
         assert flags_0 == flags_1 == [True, True, True], f"mode {mode}: inputs unchanged, template unchanged, fresh"
+
+
+def test_send_recv_in_a_group_by_global_rank(results: list[dict[str, Any]]) -> None:
+    on_2, on_3 = _outcome(results, "p2p_in_a_group")
+    for mode in MODES:
+        assert_equal(on_3[mode], nested(1))
+        assert_equal(on_2[mode], nested(2))
+    for got in (on_2, on_3):
+        kind, message, _ = got["outside the group"]
+        assert kind == "ValueError", message
+        kind, message, _ = got["outside the world"]
+        assert kind == "ValueError" and "peer rank" in message and "4 processes" in message, message
 
 
 def test_modes_give_identical_nodes(results: list[dict[str, Any]]) -> None:
@@ -456,3 +485,25 @@ def test_checksum_detects_a_changed_byte() -> None:
     flipped.view(-1).view(torch.uint8)[0] ^= 1
     assert _crc(td) == int(td["crc"])
     assert _crc(td.set(key, flipped)) != int(td["crc"])
+
+
+def test_uniform_leaves_pack_and_unpack_as_one_stack() -> None:
+    """Leaves of one dtype and shape take the one-stack path; its bytes and node match the general path's."""
+    import dataclasses
+
+    from tdtree.distributed._layout import layout_of, pack, unpack
+
+    gen = torch.Generator().manual_seed(5)
+    td = tt.TensorDict(
+        {"a": {str(i): torch.randn(3, 4, generator=gen) for i in range(3)}, "b": torch.randn(3, 4, generator=gen)},
+        (3, 4),
+    )
+    layout, leaves = layout_of(td)
+    assert layout.stacked == (torch.float32, (4, 3, 4))
+    general = dataclasses.replace(layout, stacked=None)
+    fast = pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8))
+    slow = pack(general, leaves, torch.empty(general.nbytes, dtype=torch.uint8))
+    assert torch.equal(fast, slow)
+    assert_equal(unpack(layout, fast), unpack(general, slow))
+    assert_equal(unpack(layout, fast), td)
+    assert layout_of(tt.TensorDict({"a": torch.ones(2), "b": torch.ones(2, dtype=torch.int64)}))[0].stacked is None

@@ -68,6 +68,9 @@ class Layout:
     groups: tuple[Group, ...]
     nbytes: int
     headers: dict[Any, Any] = field(default_factory=dict, compare=False)  # filled by _protocol.header
+    # the view every leaf is a row of, when there is one group of one run (leaves of one dtype and
+    # shape, the common case): pack and unpack then skip the per-group and per-run slicing
+    stacked: tuple[torch.dtype, tuple[int, ...]] | None = None
 
 
 def _describe(node: Node) -> tuple[tuple[Any, ...], ...]:
@@ -113,6 +116,10 @@ def _build(node: Node, leaves: list[torch.Tensor]) -> Layout:
     description = _describe(node)
     groups, nbytes = _groups(leaves)
     spec = optree.tree_structure(retag(node, frozenset()), namespace=NAMESPACE)
+    stacked = None
+    if len(groups) == 1 and len(groups[0].runs) == 1 and len(leaves) > 1:
+        run = groups[0].runs[0]
+        stacked = (groups[0].dtype, (len(run.indices), *run.shape))
     return Layout(
         _fingerprint(description),
         description,
@@ -121,6 +128,7 @@ def _build(node: Node, leaves: list[torch.Tensor]) -> Layout:
         tuple(x.dtype for x in leaves),
         groups,
         nbytes,
+        stacked=stacked,
     )
 
 
@@ -150,6 +158,9 @@ def _parts(seg: torch.Tensor, group: Group, dim: int) -> Any:
 
 def pack(layout: Layout, leaves: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """``out`` (a ``uint8`` tensor of ``layout.nbytes``) after copying every leaf into it."""
+    if layout.stacked is not None:
+        torch.stack(leaves, out=out[: layout.groups[0].nbytes].view(layout.stacked[0]).view(layout.stacked[1]))
+        return out
     for g in layout.groups:
         seg = out[g.start : g.start + g.nbytes].view(g.dtype)
         for run, part in zip(g.runs, _parts(seg, g, 0)):
@@ -162,6 +173,9 @@ def pack(layout: Layout, leaves: list[torch.Tensor], out: torch.Tensor) -> torch
 
 def unpack(layout: Layout, buf: torch.Tensor) -> Any:
     """An untagged node whose leaves are views of ``buf`` (no copy)."""
+    if layout.stacked is not None:
+        rows = buf[: layout.groups[0].nbytes].view(layout.stacked[0]).view(layout.stacked[1])
+        return optree.tree_unflatten(layout.spec, rows.unbind(0))
     leaves: list[Any] = [None] * len(layout.shapes)
     for g in layout.groups:
         seg = buf[g.start : g.start + g.nbytes].view(g.dtype)

@@ -65,14 +65,16 @@ class Transfer:
         # a receiver's first message is its header alone; a sender's may carry a small node
         size = HEADER_BYTES if tags[0] % 3 == 0 else HEADER_BYTES + EARLY_BYTES
         self._first = torch.empty(size, dtype=torch.uint8, device=self._mine.device)
-        self._works: list[Any] = [
-            dist.isend(first, peer, group=group, tag=tags[0]),
-            dist.irecv(self._first, peer, group=group, tag=tags[1]),
-        ]
-        self._sent: list[Any] = [dist.isend(x, peer, group=group, tag=tags[2]) for x in data]
+        self._pg, self._rank = _resolve(peer, group)
+        self._works: list[Any] = [self._pg.send([first], self._rank, tags[0]), self._pg.recv([self._first], self._rank, tags[1])]
+        self._sent: list[Any] = [self._pg.send([_wire(x)], self._rank, tags[2]) for x in data]
         self._post = post
         self._done = False
         self._result: Any = None
+
+    def post_recv(self, into: torch.Tensor) -> Any:
+        """Post a receive of the sender's data into ``into``; its work."""
+        return self._pg.recv([_wire(into)], self._rank, self._tags[2])
 
     def first_bytes(self, n: int) -> torch.Tensor:
         """The ``n`` bytes after the header in the first message received."""
@@ -98,6 +100,26 @@ class Transfer:
         self._result = finish()
         self._done = True
         return self._result
+
+
+def _resolve(peer: int, group: Any) -> tuple[Any, int]:
+    """The process group to post on and ``peer``'s rank in it.
+
+    Posting on the process group itself skips ``dist.isend``'s per-call checks (a few
+    microseconds each, four or more calls a transfer); a transfer resolves them once.
+    """
+    if group is not None:
+        return group, dist.get_group_rank(group, peer)  # raises for a rank outside the group
+    world = dist.group.WORLD
+    # the process group itself does not check ranks (gloo crashes on one out of range)
+    if not 0 <= peer < world.size():
+        raise ValueError(f"peer rank {peer} is not in the default group of {world.size()} processes")
+    return world, peer
+
+
+def _wire(x: torch.Tensor) -> torch.Tensor:
+    # backends move real dtypes only; dist.isend makes the same view
+    return torch.view_as_real(x) if x.is_complex() else x
 
 
 def _mode(node: Node, layout: Layout, leaves: list[torch.Tensor], consolidated: bool | None) -> bool:
@@ -159,12 +181,12 @@ def _irecv(
             return [], lambda: received(data if into is not None else data.clone())
         if mode:
             buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
-            return ([dist.irecv(buf, src, group=group, tag=channels[2])] if layout.nbytes else []), lambda: received(buf)
+            return ([transfer.post_recv(buf)] if layout.nbytes else []), lambda: received(buf)
         if into is None:
             targets = [torch.empty(s, dtype=d, device=x.device) for s, d, x in zip(layout.shapes, layout.dtypes, leaves)]
         else:
             targets = [x if x.is_contiguous() else torch.empty_like(x, memory_format=torch.contiguous_format) for x in leaves]
-        works = [dist.irecv(t, src, group=group, tag=channels[2]) for t in targets if t.numel()]
+        works = [transfer.post_recv(t) for t in targets if t.numel()]
 
         def finish() -> Any:
             if into is None:
