@@ -339,14 +339,11 @@ def test_mod_wrap(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     torch.testing.assert_close(out["c"]["d"], net(torch.zeros(32, 3)))
 
 
-@pytest.mark.pytree
-@pytest.mark.parametrize("mode", MODES)
-def test_mod_wrap_and_backward(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
-    """The MLP (1024 wide, depth 5) from "a" into ("c", "d"), then ``mean().backward()``
-    outside the compiled module, as in tensordict's suite."""
-    net = mlp(num_cells=1024, depth=5)
-    td = _node(impl, {"a": torch.zeros(32, 3)})
-    module = _mod(impl, net, "a", ("c", "d"))
+def _run_with_backward(
+    benchmark: Any, impl: Impl, mode: str, compiler: Any, module: Any, net: nn.Module, td: Any
+) -> None:
+    """Time ``module(td)["c"]["d"]`` (the module compiled when ``mode`` says so) followed by
+    ``mean().backward()`` outside it, and check the gradient reached ``net``."""
     if mode == "compile":
         module = compiler(module)
 
@@ -357,6 +354,17 @@ def test_mod_wrap_and_backward(benchmark, impl: Impl, mode: str, compiler: Any) 
 
     out = run_mode(benchmark, impl, "eager", compiler, step, td)
     assert out.shape == (32, 4) and net[0].weight.grad is not None
+
+
+@pytest.mark.pytree
+@pytest.mark.parametrize("mode", MODES)
+def test_mod_wrap_and_backward(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
+    """The MLP (1024 wide, depth 5) from "a" into ("c", "d"), then ``mean().backward()``
+    outside the compiled module, as in tensordict's suite."""
+    net = mlp(num_cells=1024, depth=5)
+    td = _node(impl, {"a": torch.zeros(32, 3)})
+    module = _mod(impl, net, "a", ("c", "d"))
+    _run_with_backward(benchmark, impl, mode, compiler, module, net, td)
 
 
 @pytest.mark.pytree
@@ -386,16 +394,7 @@ def test_seq_wrap_and_backward(benchmark, impl: Impl, mode: str, compiler: Any) 
     net = mlp(num_cells=1024, depth=5)
     td = _node(impl, {"a": torch.zeros(32, 3)})
     module = _seq(impl, list(net))
-    if mode == "compile":
-        module = compiler(module)
-
-    def step(td: Any) -> torch.Tensor:
-        out = module(td)["c"]["d"]
-        out.mean().backward()
-        return out
-
-    out = run_mode(benchmark, impl, "eager", compiler, step, td)
-    assert out.shape == (32, 4) and net[0].weight.grad is not None
+    _run_with_backward(benchmark, impl, mode, compiler, module, net, td)
 
 
 def _func_call(impl: Impl, module: nn.Module) -> tuple[Callable[..., torch.Tensor], Any]:
