@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import tdtree as tt
 from tdtree.testing import assert_equal, tensordicts
 
+from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict, tensordict_like
+
 from ._snapshot import assert_unchanged, holds_data, snapshot
 
-try:
-    import tensordict
-except ImportError:
-    tensordict = None
-
-needs_tensordict = pytest.mark.skipif(tensordict is None, reason="tensordict is not installed: pip install tensordict")
 
 # The ways a node gets tags, each paired with the tags it must have.
 TAGGINGS = {
@@ -45,29 +38,14 @@ def test_from_tensordict_inverts_to_tensordict(td: tt.TensorDict, tagging: str) 
     assert_unchanged(node, before)
 
 
-def _same(a: Any, b: Any) -> None:
-    assert set(a.keys()) == set(b.keys()) and a.batch_size == b.batch_size and a.device == b.device
-    for key in a.keys():
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, tensordict.TensorDict):
-            _same(x, y)
-        else:
-            assert x is y
-
-
-def _tensordict_like(node: tt.TensorDict) -> Any:
-    data = {k: _tensordict_like(v) if isinstance(v, tt.TensorDict) else v for k, v in node.items()}
-    return tensordict.TensorDict(data, batch_size=node.batch_size, device=node.device)
-
-
 @needs_tensordict
 @given(tensordicts(extra_batch_dims=True, noncontiguous=True), st.booleans())
 def test_to_tensordict_inverts_from_tensordict(node: tt.TensorDict, lock: bool) -> None:
-    td = _tensordict_like(node)
+    td = tensordict_like(node)
     if lock:
         td.lock_()
     back = tt.to_tensordict(tt.from_tensordict(td))
-    _same(back, td)
+    assert_same_tensordict(back, td)
     assert back.is_locked == lock
 
 

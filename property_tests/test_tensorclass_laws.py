@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 import tdtree as tt
 from tdtree.testing import assert_equal, batch_sizes, tensordicts
 
+from _tcstatics import statics
+
 from ._snapshot import assert_unchanged, snapshot
 
 
@@ -47,17 +49,6 @@ def records(draw: st.DrawFn, min_dims: int = 1) -> Rec:
     part = Part(pair["y"], draw(st.text(max_size=3)), batch_size=bs)
     rec = Rec(pair["x"], part, extras, draw(st.sampled_from(Mode)), draw(st.floats(-2, 2)), batch_size=bs)
     return rec.lock() if draw(st.booleans()) else rec
-
-
-def statics(tc: Any) -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for name in type(tc)._fields:
-        value = getattr(tc, name)
-        if isinstance(value, tt.TensorClass):
-            out += [(f"{name}.{k}", v) for k, v in statics(value)]
-        elif not isinstance(value, (torch.Tensor, tt.TensorDict)):
-            out.append((name, value))
-    return out
 
 
 def agrees(out: Any, rec: Rec, expected: Any) -> None:

@@ -19,14 +19,9 @@ import tdtree as tt
 import tdtree.nn
 from tdtree.testing import assert_equal
 
+from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict, tensordict_like
 from conftest import CORPUS
 
-try:
-    import tensordict
-except ImportError:
-    tensordict = None
-
-needs_tensordict = pytest.mark.skipif(tensordict is None, reason="tensordict is not installed: pip install tensordict")
 
 
 def _leaves_identical(a: Any, b: Any) -> None:
@@ -34,26 +29,6 @@ def _leaves_identical(a: Any, b: Any) -> None:
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         assert x is y
-
-
-def _tensordict_like(node: tt.TensorDict, device: Any = "same") -> Any:
-    """The tensordict holding ``node``'s tensors, built with tensordict's public constructor."""
-    data = {k: _tensordict_like(v, device) if isinstance(v, tt.TensorDict) else v for k, v in node.items()}
-    out = tensordict.TensorDict(data, batch_size=node.batch_size, device=node.device if device == "same" else device)
-    return out.lock_() if node.is_locked else out
-
-
-def _same_tensordict(a: Any, b: Any) -> None:
-    """Same keys (as sets), batch sizes, devices and tensor objects, level by level."""
-    assert set(a.keys()) == set(b.keys())
-    assert a.batch_size == b.batch_size
-    assert a.device == b.device
-    for key in a.keys():
-        x, y = a.get(key), b.get(key)
-        if isinstance(x, tensordict.TensorDict):
-            _same_tensordict(x, y)
-        else:
-            assert x is y
 
 
 # -- round trips over the corpus -------------------------------------------------------------
@@ -76,10 +51,10 @@ def test_tdtree_to_tensordict_and_back(corpus_td: tt.TensorDict) -> None:
 
 @needs_tensordict
 def test_tensordict_to_tdtree_and_back(corpus_td: tt.TensorDict) -> None:
-    td = _tensordict_like(corpus_td)
+    td = tensordict_like(corpus_td)
     node = tt.from_tensordict(td)
     assert_equal(node, corpus_td)
-    _same_tensordict(tt.to_tensordict(node), td)
+    assert_same_tensordict(tt.to_tensordict(node), td)
     assert tt.to_tensordict(node).is_locked == td.is_locked
 
 
@@ -102,7 +77,7 @@ def test_tensordict_key_order_and_device_none() -> None:
 
 @needs_tensordict
 def test_locked_tensordict_is_locked_on_every_sub_node() -> None:
-    td = _tensordict_like(CORPUS["nested"]).lock_()
+    td = tensordict_like(CORPUS["nested"]).lock_()
     node = tt.from_tensordict(td)
     assert node.tags == {tt.Locked} and node["next"].tags == {tt.Locked}
     assert not tt.from_tensordict(td.unlock_()).tags
@@ -110,17 +85,17 @@ def test_locked_tensordict_is_locked_on_every_sub_node() -> None:
 
 @needs_tensordict
 def test_shared_tensordict_maps_to_shared_and_locked() -> None:
-    td = _tensordict_like(CORPUS["nested"].clone()).share_memory_()
+    td = tensordict_like(CORPUS["nested"].clone()).share_memory_()
     assert td.is_shared() and td.is_locked
     node = tt.from_tensordict(td)
     assert node.tags == {tt.Shared, tt.Locked} and node["next"].tags == {tt.Shared, tt.Locked}
-    _same_tensordict(tt.to_tensordict(node), td)
+    assert_same_tensordict(tt.to_tensordict(node), td)
     assert tt.to_tensordict(node).is_shared()
 
 
 @needs_tensordict
 def test_stale_shared_flag_after_unlock_maps_by_storage() -> None:
-    td = _tensordict_like(CORPUS["flat"].clone()).share_memory_().unlock_()
+    td = tensordict_like(CORPUS["flat"].clone()).share_memory_().unlock_()
     assert not td.is_shared()  # tensordict's flag went with the lock; the storages did not move
     assert all(v.is_shared() for v in td.values())
     assert tt.from_tensordict(td).tags == {tt.Shared}
@@ -155,7 +130,7 @@ def test_zero_byte_nodes_keep_tags_through_the_flags() -> None:
 
 @needs_tensordict
 def test_tensordict_memmap_maps_to_memmap(tmp_path: Any) -> None:
-    td = _tensordict_like(CORPUS["nested"]).memmap_(prefix=tmp_path / "td")
+    td = tensordict_like(CORPUS["nested"]).memmap_(prefix=tmp_path / "td")
     node = tt.from_tensordict(td)
     assert node.tags == {tt.Memmap, tt.Locked} and node["next"].tags == {tt.Memmap, tt.Locked}
     assert node["obs"] is td["obs"] and type(node["obs"]) is type(td["obs"])
@@ -169,7 +144,7 @@ def test_tensordict_memmap_maps_to_memmap(tmp_path: Any) -> None:
 
 @needs_tensordict
 def test_tensordict_memmap_without_prefix_is_not_file_backed_for_torch() -> None:
-    td = _tensordict_like(CORPUS["flat"]).memmap_()
+    td = tensordict_like(CORPUS["flat"]).memmap_()
     assert td.is_memmap()
     assert tt.from_tensordict(td).tags == {tt.Locked}
 

@@ -21,6 +21,8 @@ from tdtree import Locked, Memmap, Shared, TensorDict
 from tdtree.errors import BatchSizeError, FieldError, LockedError, MemmapError
 from tdtree.testing import assert_equal
 
+from _tcstatics import statics
+
 
 class Phase(enum.Enum):
     TRAIN = "train"
@@ -58,18 +60,6 @@ def make_obs(n: int = 4) -> Obs:
     inner = Inner(y=torch.randn(n, 2, generator=g), label="deep", batch_size=[n])
     extras = TensorDict({"r": torch.randn(n, generator=g), "sub": {"d": torch.arange(n)}}, [n])
     return Obs(torch.randn(n, 3, generator=g), inner, extras, Phase.EVAL, 7, 2.5, "hi", batch_size=[n])
-
-
-def statics(tc: Any) -> list[tuple[str, Any]]:
-    """Every static field's value, nested ones by path."""
-    out: list[tuple[str, Any]] = []
-    for name in type(tc)._fields:
-        value = getattr(tc, name)
-        if isinstance(value, tt.TensorClass):
-            out += [(f"{name}.{k}", v) for k, v in statics(value)]
-        elif not isinstance(value, (torch.Tensor, TensorDict)):
-            out.append((name, value))
-    return out
 
 
 def assert_same_record(out: Any, template: Any, expected_td: TensorDict) -> None:
