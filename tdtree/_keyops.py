@@ -7,7 +7,7 @@ and tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, KeysView, Mapping
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 import torch
@@ -138,19 +138,22 @@ class NestedKeysView(KeysView):
         return f"NestedKeysView({self._list()!r})"
 
 
-def keys(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
+def keys(node: Node, include_nested: bool = False, leaves_only: bool = False) -> KeysView[NestedKey]:
+    """Keys in canonical order; nested ones as tuples, a sub-node's key before its children's."""
     if not include_nested and not leaves_only:
         return node._data.keys()
     return NestedKeysView(node, include_nested, leaves_only)
 
 
-def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
+def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> ValuesView[Any]:
+    """Values in the order of :meth:`keys` with the same flags."""
     if not include_nested and not leaves_only:
         return node._data.values()
     return [v for _, v in walk(node, include_nested, leaves_only)]
 
 
-def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Any:
+def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> ItemsView[NestedKey, Any]:
+    """(key, value) pairs in the order of :meth:`keys` with the same flags."""
     if not include_nested and not leaves_only:
         return node._data.items()
     return walk(node, include_nested, leaves_only)
@@ -225,18 +228,24 @@ def setdefault(node: Node, key: NestedKey, default: Any) -> Node:
     return _set_path(node, path, path, default)
 
 
-def _update(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]) -> Node:
+def _update(node: Node, source: Mapping[str, Any] | Node, prefix: tuple[str, ...]) -> Node:
     old = node._data
     _, batch_size, device, _ = node._meta
+    # A node with this batch size and device was checked against both when it was built (and holds
+    # untagged sub-nodes): its entries fit as they are, so entry() would find nothing to do.
+    trusted = False
+    if isinstance(source, Node):
+        trusted = source._meta[1] == batch_size and source._meta[2] == device
+        source = source._data
     new = dict(old)
     for k, v in source.items():
-        path = (*prefix, k)
         current = old.get(k)
         if isinstance(current, Node) and isinstance(v, (Node, Mapping)):
-            sub = v._data if isinstance(v, Node) else nest(v)
-            new[k] = _update(current, sub, path)
+            new[k] = _update(current, v if isinstance(v, Node) else nest(v), (*prefix, k))
+        elif trusted:
+            new[k] = v
         else:
-            new[k] = entry(path, v, batch_size, device, type(node)._root)
+            new[k] = entry((*prefix, k), v, batch_size, device, type(node)._root)
     new, device = settle_device(sorted_data(new), device)
     return make(type(node), new, batch_size, device)
 
@@ -248,8 +257,7 @@ def update(node: Node, other: Mapping[Any, Any] | Node) -> Node:
     Refused on a Locked node. Tags follow the rule.
     """
     check_unlocked(node, "update")
-    source = other._data if isinstance(other, Node) else nest(other)
-    return _update(node, source, ())
+    return _update(node, other if isinstance(other, Node) else nest(other), ())
 
 
 def _trie(paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:

@@ -17,21 +17,28 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
+__all__ = ["NO_BATCH", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
+
+
+NO_BATCH = torch.Size(())  # immutable, so one object serves every node without batch dims
 
 
 def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.Size:
     """``batch_size`` as a ``torch.Size``: None is ``()``, an int is one dimension."""
     if batch_size is None:
-        return torch.Size(())
-    if isinstance(batch_size, int):
-        batch_size = (batch_size,)
-    try:
-        size = torch.Size(batch_size)
-    except TypeError:
-        raise TypeError(f"batch_size must be a sequence of ints, got {batch_size!r}") from None
-    if size and min(size) < 0:
-        raise ValueError(f"batch_size {tuple(size)} has a negative dimension")
+        return NO_BATCH
+    size = batch_size
+    if type(size) is not torch.Size:  # a Size is taken as it is: making it again costs as much as a list
+        if isinstance(size, int):
+            size = (size,)
+        try:
+            size = torch.Size(size)
+        except TypeError:
+            raise TypeError(f"batch_size must be a sequence of ints, got {batch_size!r}") from None
+    # a loop over the few dims of a batch costs half of min()
+    for dim in size:
+        if dim < 0:
+            raise ValueError(f"batch_size {tuple(size)} has a negative dimension")
     return size
 
 
