@@ -99,6 +99,11 @@ def test_update_merges_nested(td: tt.TensorDict) -> None:
     assert out.update(other)["obs"] is other["obs"]
     with pytest.raises(BatchSizeError, match="'z'"):
         td.update({"z": torch.zeros(5)})
+    # a node's entries are taken unchecked only when its batch size and device are the node's own
+    with pytest.raises(BatchSizeError, match="'z'"):
+        td.update(tt.TensorDict({"z": torch.zeros(5)}))
+    longer = tt.TensorDict({"obs": torch.zeros(4, 2)}, [4, 2])
+    assert td.update(longer)["obs"] is longer["obs"]
 
 
 def test_select_and_exclude(td: tt.TensorDict) -> None:
