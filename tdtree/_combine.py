@@ -97,6 +97,8 @@ def cat(nodes: Sequence[Node], dim: int = 0) -> Node:
 
 def _like(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[..., Node]:
     def fn(node: Node, *args: Any, **kwargs: Any) -> Node:
+        if not args and not kwargs:  # torch_fn itself: no wrapper call per leaf
+            return map_leaves(torch_fn, node)
         return map_leaves(lambda x: torch_fn(x, *args, **kwargs), node)
 
     fn.__name__ = fn.__qualname__ = name

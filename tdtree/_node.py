@@ -206,13 +206,10 @@ class TensorDict(Node):
 
     # -- key views -------------------------------------------------------------------
 
-    def select(self, *keys: NestedKey, strict: bool = True) -> TensorDict:
-        """A node with only ``keys``; keeps tags (no data is made)."""
-        return _keyops.select(self, *keys, strict=strict)
-
-    def exclude(self, *keys: NestedKey, strict: bool = True) -> TensorDict:
-        """A node without ``keys``; keeps tags (no data is made)."""
-        return _keyops.exclude(self, *keys, strict=strict)
+    # the named functions themselves, as the views are (a wrapper repacking ``*keys`` and ``strict``
+    # costs an eighth of ``select()``)
+    select = _keyops.select
+    exclude = _keyops.exclude
 
     def flatten_keys(self, sep: str = ".") -> TensorDict:
         """A flat node with nested keys joined by ``sep``; keeps tags."""
