@@ -71,9 +71,13 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
             mask whose shape does not match the batch dims it covers.
         TypeError: a key mixed with an index, or an unsupported index type.
     """
+    # the common indices (None, ..., an int, a positive slice, a tuple of them, one index tensor or
+    # list) skip the general normalization
+    if index is None:
+        return (None,), torch.Size((1, *batch))
+    if index is Ellipsis:
+        return (index,), batch
     if batch:
-        # the common indices (an int, a positive slice, a tuple of them, one index tensor or list)
-        # skip the general normalization
         if type(index) is int and -batch[0] <= index < batch[0]:
             return (index,), batch[1:]
         if type(index) is slice and (index.step is None or index.step > 0):
