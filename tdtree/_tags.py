@@ -184,7 +184,8 @@ def _any_tagged(args: tuple, kwargs: dict) -> bool:
         if isinstance(arg, Node):
             if arg._meta[3]:
                 return True
-        elif type(arg) is list or type(arg) is tuple:
+        elif type(arg) is list or (type(arg) is tuple and not (arg and type(arg[0]) is str)):
+            # sequences of nodes (stack, cat); a tuple starting with a str is a nested key, not scanned
             for item in arg:
                 if isinstance(item, Node) and item._meta[3]:
                     return True
