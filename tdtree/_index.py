@@ -77,15 +77,15 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
         return (None,), torch.Size((1, *batch))
     if index is Ellipsis:
         return (index,), batch
+    if type(index) is tuple:
+        plain = _plain(batch, index)
+        if plain is not None:
+            return plain
     if batch:
         if type(index) is int and -batch[0] <= index < batch[0]:
             return (index,), batch[1:]
         if type(index) is slice and (index.step is None or index.step > 0):
             return (index,), torch.Size((len(range(*index.indices(batch[0]))), *batch[1:]))
-        if type(index) is tuple and len(index) <= len(batch):
-            plain = _plain(batch, index)
-            if plain is not None:
-                return index, plain
         if type(index) is list or type(index) is range:
             index = _item(index, (index,))
         if isinstance(index, torch.Tensor) and index.dtype != torch.bool:
@@ -145,18 +145,41 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
     return tuple(leaf), _result_size(kept)
 
 
-def _plain(batch: torch.Size, index: tuple) -> torch.Size | None:
-    """The result's batch size for a tuple of in-range ints and positive slices, else None (the general path)."""
+def _plain(batch: torch.Size, index: tuple) -> tuple[tuple[Any, ...], torch.Size] | None:
+    """The leaf index and result batch size for a tuple of in-range ints, positive slices, None and
+    one ``...``; None for anything else (the general path, which also raises the errors)."""
+    n = len(batch)
+    taken = 0  # the batch dims the ints and slices take
+    ellipsis = -1
+    for pos, item in enumerate(index):
+        if type(item) is int or type(item) is slice:
+            taken += 1
+        elif item is Ellipsis and ellipsis < 0:
+            ellipsis = pos
+        elif item is not None:
+            return None
+    if taken > n:
+        return None
+    leaf = index
+    if ellipsis >= 0:
+        # slices for the dims ``...`` spans: a leaf's own ``...`` would reach its feature dims
+        leaf = (*index[:ellipsis], *(slice(None),) * (n - taken), *index[ellipsis + 1 :])
     kept = []
-    for size, item in zip(batch, index):
+    dim = 0
+    for item in leaf:
+        if item is None:
+            kept.append(1)
+            continue
+        size = batch[dim]
         if type(item) is int:
             if not -size <= item < size:
                 return None
-        elif type(item) is slice and (item.step is None or item.step > 0):
+        elif item.step is None or item.step > 0:
             kept.append(len(range(*item.indices(size))))
         else:
             return None
-    return torch.Size((*kept, *batch[len(index):]))
+        dim += 1
+    return leaf, torch.Size((*kept, *batch[dim:]))
 
 
 def _broadcast_shapes(shapes: list[torch.Size]) -> tuple[int, ...]:

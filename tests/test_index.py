@@ -20,7 +20,8 @@ def ptr(t: torch.Tensor) -> int:
 @pytest.mark.parametrize(
     "idx",
     [0, -1, slice(1, 3), slice(None, None, 2), None, Ellipsis, (0, 1), (Ellipsis, 0), (None, Ellipsis, None),
-     [0, 2], ([0, 2], [1, 3]), ([0, 2], slice(None)), (slice(None), [3, 0]), (), (0, Ellipsis)],
+     [0, 2], ([0, 2], [1, 3]), ([0, 2], slice(None)), (slice(None), [3, 0]), (), (0, Ellipsis),
+     (None, slice(None), 1), (Ellipsis, 1), (1, None, Ellipsis), (slice(1, 3), Ellipsis, None), (Ellipsis,)],
     ids=repr,
 )
 def test_index_like_torch(idx) -> None:
@@ -82,6 +83,12 @@ def test_index_errors() -> None:
         td[:, -5]
     with pytest.raises(BatchDimError, match="single ellipsis"):
         td[..., ...]
+    with pytest.raises(BatchDimError, match="single ellipsis"):
+        td[None, ..., 0, ...]
+    with pytest.raises(BatchDimError, match=r"index 3 is out of range for batch dim 0 of size 3"):
+        td[None, 3]
+    with pytest.raises(BatchDimError, match="too many indices"):
+        td[None, ..., 0, 0, 0]
     with pytest.raises(BatchDimError, match=r"mask of shape \(2,\) does not match batch dims 0..0"):
         td[torch.tensor([True, False])]
     with pytest.raises(ValueError, match="step must be positive"):
