@@ -170,10 +170,9 @@ def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torc
     n = len(node._meta[1])
     root_size = root_batch if type(root_batch) is torch.Size else torch.Size(root_batch)
 
-    def visit(x: Any) -> Any:
-        if not isinstance(x, Node):
-            return leaf_fn(x)
-        data = {k: visit(v) for k, v in x._data.items()}
+    def visit(x: Node) -> Node:
+        # leaves inline: a call per leaf less
+        data = {k: visit(v) if isinstance(v, Node) else leaf_fn(v) for k, v in x._data.items()}
         _, batch_size, device, _ = x._meta
         if len(batch_size) == n:
             return make(type(x), data, root_size, device)
