@@ -36,7 +36,7 @@ from ._node import TensorDict
 from ._tags import tag_rule
 from ._tcops import RecordOps
 from ._tcpytree import register, rewrap
-from ._validate import as_batch_size, as_device, build
+from ._validate import NO_BATCH, as_batch_size, as_device, build
 from .errors import BatchSizeError, FieldError
 
 __all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "layout", "from_layout"]
@@ -250,9 +250,6 @@ def _plan(cls: Any) -> _Plan:
     return plan
 
 
-_NO_BATCH = torch.Size(())
-
-
 def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device: Any) -> bool:
     """The common construction in one pass over the fields: every field given by name, each data
     field a plain ``torch.Tensor`` (or an untagged TensorDict or tensorclass with a device) whose
@@ -267,7 +264,7 @@ def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device:
     if kwargs.keys() != cls._fieldset or (device is not None and type(device) is not torch.device):
         return False
     if batch_size is None:
-        batch = _NO_BATCH
+        batch = NO_BATCH
     else:
         try:
             batch = as_batch_size(batch_size)
