@@ -81,8 +81,9 @@ def _batched(fn: Callable[[tt.TensorDict], Any]) -> Callable[[tt.TensorDict], An
 
 
 def _overlapping(td: tt.TensorDict) -> bool:
+    # a leaf where two elements share a memory cell; an empty leaf has none, whatever its strides
     return any(
-        any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)) for t in _leaves(td)
+        t.numel() > 0 and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)) for t in _leaves(td)
     )
 
 

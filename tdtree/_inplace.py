@@ -50,7 +50,8 @@ def _dtype_kind(dtype: torch.dtype) -> int:
 def _overlapping(leaf: torch.Tensor) -> bool:
     # expand() makes stride-0 dims: several elements share one memory cell,
     # and copy_ refuses to write such a tensor (after earlier leaves were written).
-    return any(st == 0 and n > 1 for st, n in zip(leaf.stride(), leaf.shape))
+    # An empty tensor has no elements to share a cell, whatever its strides.
+    return leaf.numel() > 0 and any(st == 0 and n > 1 for st, n in zip(leaf.stride(), leaf.shape))
 
 
 def _broadcasts(source: torch.Size, target: torch.Size) -> bool:

@@ -184,6 +184,19 @@ def test_update_into_an_expanded_leaf_is_refused_before_writing() -> None:
     _assert_untouched(snap)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [torch.ones(1, 0, 2), torch.ones(1, 0, 2, dtype=torch.float64), torch.ones(0, 2)],
+    ids=["same", "cast", "broadcast"],
+)
+def test_an_empty_expanded_leaf_is_written_as_empty(value: torch.Tensor) -> None:
+    # stride 0 on a dim of 2 but no elements, so no memory cell is shared: every path accepts it
+    empty = torch.zeros(1, 0, 1).expand(1, 0, 2)
+    td = tt.TensorDict({"a": torch.zeros(1), "e": empty}, batch_size=[1])
+    assert td.update_({"a": torch.ones(1), "e": value}) is td
+    assert td["a"].tolist() == [1.0] and td["e"] is empty
+
+
 # -- copy_ ---------------------------------------------------------------------------
 
 
