@@ -30,12 +30,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import optree
 import torch
 
 from .._base import Node
 from ..errors import StructureMismatchError
-from ._layout import Layout, differences, layout_of, pack
-from ._p2p import Transfer, delivered, incoming, mode_of, outgoing, resolve, wire
+from .._pytree import NAMESPACE
+from ._layout import Layout, differences, layout_of, rows, unpack
+from ._p2p import Transfer, incoming, mode_of, outgoing, resolve, wire
 from ._protocol import (
     CHANNEL_MAGIC,
     EARLY_BYTES,
@@ -58,16 +60,28 @@ _OPENED: dict[tuple[int, int, int], int] = {}
 
 
 class _Box:
-    """A message buffer: its header words (written and read in place) and the node's bytes after them."""
+    """A message buffer kept by a channel: its header words (written and read in place) and views of
+    the node's bytes after them, made once per buffer rather than once per transfer."""
 
-    __slots__ = ("msg", "head", "data")
+    __slots__ = ("msg", "head", "data", "rows", "views")
 
-    def __init__(self, nbytes: int, device: torch.device) -> None:
+    def __init__(self, nbytes: int, layout: Layout, device: torch.device) -> None:
+        """A buffer for a header and ``nbytes`` more; views of ``layout``'s node when it fits."""
         self.msg = message(nbytes, device)
         words = self.msg[:HEADER_BYTES].view(torch.int64)
         # a NumPy view of CPU memory reads and writes a word in ~0.1 us, a tensor in ~1.5 us
         self.head: Any = words.numpy() if words.device.type == "cpu" else words
-        self.data = self.msg[HEADER_BYTES:]
+        self.data = self.msg[HEADER_BYTES : HEADER_BYTES + layout.nbytes]
+        fits = layout.nbytes <= nbytes
+        self.rows = rows(layout, self.data) if fits else None  # one stack fills it, when the leaves allow
+        self.views: list[torch.Tensor] = optree.tree_leaves(unpack(layout, self.data), namespace=NAMESPACE) if fits else []
+
+    def fill(self, leaves: list[torch.Tensor]) -> None:
+        """Copy ``leaves`` into the node's bytes (what :func:`._layout.pack` does, on the cached views)."""
+        if self.rows is not None:
+            torch.stack(leaves, out=self.rows)
+        else:
+            torch._foreach_copy_(self.views, leaves)
 
 
 class Pending:
@@ -158,10 +172,18 @@ class Channel:
             StructureMismatchError: ``td``'s keys, batch sizes, shapes or dtypes differ from the
                 channel's (checked here, locally; nothing is sent and the channel stays usable).
         """
+        works, box = self._post_send(td)
+        return Pending(lambda: self._sent_(works, box), None)
+
+    def send(self, td: Node) -> None:
+        """Send ``td`` and return once it has left; see :meth:`isend`."""
+        self._sent_(*self._post_send(td))
+
+    def _post_send(self, td: Node) -> tuple[list[Any], _Box | None]:
         layout, leaves = self._check(td, "send")
         if self._early:
             box, self._outbox = self._outbox or self._box(layout.nbytes), None
-            pack(layout, leaves, box.data)
+            box.fill(leaves)
             box.head[4] = self._sent
             works = [self._pg.send([box.msg], self._rank, self._first)]
         else:
@@ -171,18 +193,13 @@ class Channel:
             works = [self._pg.send([head.view(torch.uint8)], self._rank, self._first)]
             works += [self._pg.send([wire(x)], self._rank, self._data) for x in data]
         self._sent += 1
+        return works, box
 
-        def finish() -> None:
-            for w in works:
-                w.wait()
-            if box is not None:
-                self._outbox = box
-
-        return Pending(finish, None)
-
-    def send(self, td: Node) -> None:
-        """Send ``td`` and return once it has left; see :meth:`isend`."""
-        self.isend(td).wait()
+    def _sent_(self, works: list[Any], box: _Box | None) -> None:
+        for w in works:
+            w.wait()
+        if box is not None:
+            self._outbox = box
 
     def irecv(self) -> Pending:
         """Start receiving a node; ``wait()`` returns it: a new, untagged node of the agreed structure,
@@ -196,7 +213,9 @@ class Channel:
         Raises:
             StructureMismatchError: the message is not the next one this channel's peer sent.
         """
-        return self._post(None, []).wait()
+        if self._queue:  # receives in flight come first
+            return self._post(None, []).wait()
+        return self._arrived(*self._post_recv(), None, [])
 
     def recv_(self, into: Node) -> Node:
         """Receive a node into the leaves of ``into``, in place; returns ``into``.
@@ -208,16 +227,21 @@ class Channel:
                 anything is received), or the message is not the next one this channel's peer sent.
         """
         _, leaves = self._check(into, "recv_")
-        return self._post(into, leaves).wait()
+        if self._queue:
+            return self._post(into, leaves).wait()
+        return self._arrived(*self._post_recv(), into, leaves)
 
     def _box(self, nbytes: int) -> _Box:
-        box = _Box(nbytes, self._device)
+        box = _Box(nbytes, self._layout, self._device)
         box.msg[:32].view(torch.int64).copy_(torch.tensor(self._words, dtype=torch.int64))
         return box
 
+    def _post_recv(self) -> tuple[Any, _Box]:
+        box, self._inbox = self._inbox or _Box(EARLY_BYTES, self._layout, self._device), None
+        return self._pg.recv([box.msg], self._rank, self._first), box
+
     def _post(self, into: Node | None, leaves: list[torch.Tensor]) -> Pending:
-        box, self._inbox = self._inbox or _Box(EARLY_BYTES, self._device), None
-        work = self._pg.recv([box.msg], self._rank, self._first)
+        work, box = self._post_recv()
         return Pending(lambda: self._arrived(work, box, into, leaves), self._queue)
 
     def _arrived(self, work: Any, box: _Box, into: Node | None, leaves: list[torch.Tensor]) -> Any:
@@ -227,15 +251,13 @@ class Channel:
             self._inbox = box
             self._refuse(theirs)
         self._received += 1
-        layout = self._layout
-        if self._early:
-            # a copy out of the channel's buffer (which the next receive overwrites) when returning a new node
-            node = delivered(layout, box.data[: layout.nbytes] if into is not None else box.data[: layout.nbytes].clone(),
-                             leaves, into)
-            self._inbox = box
-            return node
         self._inbox = box
-        works, finish = incoming(layout, leaves, self._mode, self._device, into, self._recv_data, self._devices)
+        if self._early:
+            if into is None:  # a copy out of the channel's buffer, which the next receive overwrites
+                return unpack(self._layout, box.data.clone())
+            torch._foreach_copy_(leaves, box.views)
+            return into
+        works, finish = incoming(self._layout, leaves, self._mode, self._device, into, self._recv_data, self._devices)
         for w in works:
             w.wait()
         return finish()
