@@ -381,14 +381,19 @@ def channel_swaps_and_order(rank: int, world: int, group: Any) -> dict[Any, Any]
 
 
 def channel_in_a_group(rank: int, world: int, group: Any) -> dict[Any, Any]:
-    """On global ranks 2 and 3, in their own group, the peer named by global rank."""
+    """On global ranks 2 and 3, in their own group, the peer named by global rank; global rank 2
+    counts 5 earlier channels on the tag and rank 3 none (as after a restart), and they agree on 6."""
+    from tdtree.distributed import _channel
+
+    if rank == 0:
+        _channel._OPENED[(id(group), 1, 3)] = 5
     ch = ttd.Channel(nested(0), (2, 3)[1 - rank], group=group, tag=3)
     if rank == 0:
         ch.send(nested(1))
-        return {"got": ch.recv()}
+        return {"got": ch.recv(), "number": ch._id}
     got = ch.recv()
     ch.send(nested(2))
-    return {"got": got}
+    return {"got": got, "number": ch._id}
 
 
 def channel_misuse(rank: int, world: int, group: Any) -> dict[Any, Any]:
@@ -728,6 +733,7 @@ def test_channel_in_a_group_by_global_rank(results: list[dict[str, Any]]) -> Non
     on_2, on_3 = _outcome(results, "channel_in_a_group")
     assert_equal(on_3["got"], nested(1))
     assert_equal(on_2["got"], nested(2))
+    assert on_2["number"] == on_3["number"] == 6
 
 
 @pytest.mark.parametrize(

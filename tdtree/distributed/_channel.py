@@ -12,10 +12,13 @@ data on ``3t + 2``, as :func:`._p2p.isend` sends it.
 The header, ``[CHANNEL_MAGIC, fingerprint, consolidated, channel, sequence]``, lets the
 receiver refuse what its channel did not send rather than read it as data: a plain ``send`` on
 the same tag (then both sides settle and raise, as a plain mismatch does), a message of an
-earlier channel between the same processes on that tag (``channel`` counts the channels each
-process opened per peer and tag, which both sides do alike), or a lost message (``sequence``
+earlier channel between the same processes on that tag (``channel`` numbers the channels
+opened between two processes on a tag, agreed at creation), or a lost message (``sequence``
 counts the channel's messages in each direction). Receives are checked in the order they were
 posted, the order the backend matches messages in, whatever order ``wait()`` is called in.
+What no receiver can see is a peer waiting on another tag (both wait for the process group's
+timeout), and a plain ``recv`` that takes a channel's message fails only at that timeout (no
+channel answers its header); the channel's next message then reports the gap.
 
 Every receive of a header uses a buffer of ``HEADER_BYTES + EARLY_BYTES``, the largest first
 message any tdtree sender posts, so a wrong message is refused rather than overflowing the
@@ -54,8 +57,7 @@ from ._protocol import (
 
 __all__ = ["Channel", "Pending"]
 
-# channels opened per (process group, peer's rank in it, tag): both sides count alike, so the
-# count names a channel in its messages
+# the number of the last channel opened per (process group, peer's rank in it, tag); see Channel._number
 _OPENED: dict[tuple[int, int, int], int] = {}
 
 
@@ -146,8 +148,7 @@ class Channel:
         self._agreed = header(layout, self._mode, "channel", self._device)
         both = (3 * tag + 1, 3 * tag + 1, 3 * tag + 2)  # each side's header to the other on 3t + 1
         Transfer("channel", layout, self._agreed, self._agreed[0].view(torch.uint8), peer, group, both, [], None).wait()
-        key = (id(self._pg), self._rank, tag)
-        self._id = _OPENED[key] = _OPENED.get(key, 0) + 1
+        self._id = self._number(layout, both[0])
         self._first, _, self._data = tags("send", tag)
         self._early = is_early(self._mode, layout.nbytes)
         self._words = [CHANNEL_MAGIC, layout.fingerprint, int(self._mode), self._id]
@@ -155,6 +156,21 @@ class Channel:
         self._outbox: _Box | None = None
         self._inbox: _Box | None = None
         self._queue: deque[Pending] = deque()
+
+    def _number(self, layout: Layout, tag: int) -> int:
+        """The channel's number, agreed with the peer: one past the larger of the two sides' last ones.
+
+        Both sides usually count alike, but a process that joined later (or a process group
+        whose ``id`` a new one reuses) would not; swapping the counts keeps the two ends' numbers equal.
+        """
+        key = (id(self._pg), self._rank, self._tag)
+        out = torch.tensor([CHANNEL_MAGIC, layout.fingerprint, int(self._mode), _OPENED.get(key, 0) + 1, 0],
+                           dtype=torch.int64, device=self._device)
+        theirs = torch.empty_like(out)
+        for w in [self._pg.send([out], self._rank, tag), self._pg.recv([theirs], self._rank, tag)]:
+            w.wait()
+        number = _OPENED[key] = max(int(out[3]), int(theirs[3]))
+        return number
 
     def _check(self, td: Node, op: str) -> tuple[Layout, list[torch.Tensor]]:
         layout, leaves = layout_of(td)

@@ -2,11 +2,13 @@
 
 Every process starts an exchange with a *header* of five int64 values
 ``[MAGIC, fingerprint, consolidated, nbytes, op]`` (``op`` says which function
-it called). Headers agree when the first four are equal (and, in a
-collective, the ops too). When they do not, every side knows it, so all of
+it called). Headers agree when the first four are equal and the ops pair up
+(``send`` with ``recv``; in a collective, and for a :class:`~._channel.Channel`'s
+creation, the same op everywhere). When they do not, every side knows it, so all of
 them go on to swap their full descriptions (JSON bytes, never pickles) and
 raise the same :class:`~tdtree.errors.StructureMismatchError` naming what
-differs.
+differs. A channel's later messages start with ``CHANNEL_MAGIC`` instead; a
+plain receiver refuses them.
 
 Point to point, each side posts its first message and a receive for the
 other's at once, so the check costs no round trip. A side's first message is
