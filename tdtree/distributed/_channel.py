@@ -129,11 +129,16 @@ class Channel:
     """Two processes' ends of a stream of nodes of one structure, checked once at creation.
 
     Create it on both processes, each naming the other as ``peer`` (a global rank, as in
-    ``torch.distributed``), with the same ``tag`` and a node (or template) of the same keys, batch
-    sizes, shapes and dtypes; mismatches raise :class:`~tdtree.errors.StructureMismatchError` on
-    both sides, as :func:`send` does. Both ends may send and receive. A channel with ``tag=t``
-    uses the tags ``3t`` to ``3t + 2``, those of plain transfers with ``tag=t``; channels between
-    the same processes at the same time need different tags.
+    ``torch.distributed``, also within ``group``), with the same ``tag`` and ``consolidated`` and a
+    node (or template: its values are not read, its tags do not matter) of the same keys, batch
+    sizes, shapes and dtypes. Creation waits for the peer's; both ends may then send and receive.
+    A channel with ``tag=t`` uses the tags ``3t`` to ``3t + 2``, those of plain transfers with
+    ``tag=t``; channels between the same processes at the same time need different tags.
+    ``consolidated`` picks the mode as for :func:`send` (None: by structure, see the README).
+
+    Raises:
+        StructureMismatchError: the two sides' nodes or modes differ (raised on both sides).
+        ValueError: ``peer`` is this process, or not in the group.
     """
 
     def __init__(self, like: Node, peer: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None) -> None:
@@ -164,13 +169,14 @@ class Channel:
         whose ``id`` a new one reuses) would not; swapping the counts keeps the two ends' numbers equal.
         """
         key = (id(self._pg), self._rank, self._tag)
-        out = torch.tensor([CHANNEL_MAGIC, layout.fingerprint, int(self._mode), _OPENED.get(key, 0) + 1, 0],
-                           dtype=torch.int64, device=self._device)
+        mine = _OPENED.get(key, 0) + 1
+        # a header-sized message, like every other on this tag
+        out = torch.tensor([CHANNEL_MAGIC, layout.fingerprint, int(self._mode), mine, 0], dtype=torch.int64, device=self._device)
         theirs = torch.empty_like(out)
         for w in [self._pg.send([out], self._rank, tag), self._pg.recv([theirs], self._rank, tag)]:
             w.wait()
-        number = _OPENED[key] = max(int(out[3]), int(theirs[3]))
-        return number
+        _OPENED[key] = max(mine, int(theirs[3]))
+        return _OPENED[key]
 
     def _check(self, td: Node, op: str) -> tuple[Layout, list[torch.Tensor]]:
         layout, leaves = layout_of(td)
@@ -249,7 +255,7 @@ class Channel:
 
     def _box(self, nbytes: int) -> _Box:
         box = _Box(nbytes, self._layout, self._device)
-        box.msg[:32].view(torch.int64).copy_(torch.tensor(self._words, dtype=torch.int64))
+        box.msg[: 8 * len(self._words)].view(torch.int64).copy_(torch.tensor(self._words, dtype=torch.int64))
         return box
 
     def _post_recv(self) -> tuple[Any, _Box]:
@@ -263,11 +269,10 @@ class Channel:
     def _arrived(self, work: Any, box: _Box, into: Node | None, leaves: list[torch.Tensor]) -> Any:
         work.wait()
         theirs = box.head.tolist()
+        self._inbox = box  # free for the next receive once this one has read it (below, before returning)
         if theirs[:4] != self._words or theirs[4] != self._received:
-            self._inbox = box
             self._refuse(theirs)
         self._received += 1
-        self._inbox = box
         if self._early:
             if into is None:  # a copy out of the channel's buffer, which the next receive overwrites
                 return unpack(self._layout, box.data.clone())
@@ -291,11 +296,8 @@ class Channel:
             self._pg.send([self._agreed[0].view(torch.uint8)], self._rank, self._first + 1).wait()
             check_peer("channel", self._agreed[1], theirs, self._layout, self._device, self._peer, self._group,
                        tags("recv", self._tag), [])
-        if theirs[0] == MAGIC:
-            raise StructureMismatchError(op, [f"{them} called {'recv' if theirs[4] == OPS['recv'] else 'Channel'} on this tag"
-                                              " while this channel waited for its next message"])
         if theirs[0] != CHANNEL_MAGIC:
-            raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree header: {theirs}"])
+            raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree channel's: {theirs}"])
         if theirs[3] != self._id:
             raise StructureMismatchError(op, [
                 f"{them} sent a message of another channel on this tag (its channel {theirs[3]}, this one is "
