@@ -371,12 +371,15 @@ def channel_swaps_and_order(rank: int, world: int, group: Any) -> dict[Any, Any]
     for pending in sends:
         pending.wait()
     if rank == 0:
-        small.send(nested(70, WIDE))
-        small.send(nested(71, WIDE))
+        for seed in (70, 71, 72, 73):
+            small.send(nested(seed, WIDE))
     else:
         first, second = small.irecv(), small.irecv()
         got["second"], got["first"] = second.wait(), first.wait()
         got["first again"] = first.wait()
+        # one after the other, through the buffer the channel keeps: the first must not change
+        got["kept"] = small.recv()
+        got["next"] = small.recv()
     return got
 
 
@@ -727,6 +730,8 @@ def test_channel_swap_and_receives_in_posting_order(results: list[dict[str, Any]
     assert_equal(on_1["first"], nested(70, WIDE))
     assert_equal(on_1["second"], nested(71, WIDE))
     assert on_1["first again"] is on_1["first"]
+    assert_equal(on_1["kept"], nested(72, WIDE))
+    assert_equal(on_1["next"], nested(73, WIDE))
 
 
 def test_channel_in_a_group_by_global_rank(results: list[dict[str, Any]]) -> None:
