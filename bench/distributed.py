@@ -15,7 +15,11 @@ Nodes: *small*, 10 leaves of shape (3, 4) (float32, batch (3, 4)); *large*, 4 le
 
 * ``tdtree``: ``send`` / ``recv`` with the default mode; ``tdtree consolidated`` and
   ``tdtree per-leaf`` force the mode; ``tdtree recv_`` receives into a preallocated node.
-  Every tdtree row includes the structure check.
+  Every one of these rows includes the two-sided structure check.
+* ``tdtree channel``: ``ch.send(td)`` / ``ch.recv()`` on a ``ttd.Channel``, made once per node
+  before the timed rounds (its creation is the two-sided structure check, which is not timed;
+  each timed transfer checks the structure locally and is one message per direction for the
+  small node); ``tdtree channel recv_`` receives into a preallocated node with ``ch.recv_(td)``.
 * ``tensordict``: ``td.isend(dst)`` / ``td.irecv(src)`` into a preallocated tensordict.
 * ``dict loop``: ``dist.send`` / ``dist.recv`` of each tensor of a dict into preallocated tensors.
 * ``raw``: ``dist.send`` / ``dist.recv`` of one contiguous float32 tensor of the same bytes, into a
@@ -93,6 +97,27 @@ def _raw_recv(t: torch.Tensor, src: int) -> torch.Tensor:
     return t
 
 
+class _ChannelState:
+    """A node and its channel, which ``open`` makes once, before the timed loop (see the module docstring)."""
+
+    def __init__(self, src: dict[str, torch.Tensor], batch: tuple[int, ...]) -> None:
+        self.td = tt.TensorDict(src, batch)
+        self.channel: Any = None
+
+    def open(self, peer: int, tag: int) -> None:
+        self.channel = ttd.Channel(self.td, peer, tag=tag)
+
+
+def _channel_recv(state: _ChannelState, src: int) -> _ChannelState:
+    state.td = state.channel.recv()
+    return state
+
+
+def _channel_recv_(state: _ChannelState, src: int) -> _ChannelState:
+    state.channel.recv_(state.td)
+    return state
+
+
 IMPLS: dict[str, Impl] = {
     "tdtree": _tdtree(None),
     "tdtree consolidated": _tdtree(True),
@@ -102,6 +127,8 @@ IMPLS: dict[str, Impl] = {
         lambda td, dst: ttd.send(td, dst),
         lambda td, src: ttd.recv_(td, src),
     ),
+    "tdtree channel": (_ChannelState, lambda st, dst: st.channel.send(st.td), _channel_recv),
+    "tdtree channel recv_": (_ChannelState, lambda st, dst: st.channel.send(st.td), _channel_recv_),
     "tensordict": _tensordict(),
     "dict loop": (lambda src, batch: dict(src), _dict_send, _dict_recv),
     "raw": (_raw_make, lambda t, dst: dist.send(t, dst), _raw_recv),
@@ -111,6 +138,8 @@ IMPLS: dict[str, Impl] = {
 
 def _total(state: Any) -> float:
     """The sum of every value a state holds, to check that a round trip brought the same data back."""
+    if isinstance(state, _ChannelState):
+        return _total(state.td)
     if isinstance(state, torch.Tensor):
         return float(state.double().sum())
     if isinstance(state, tt.TensorDict):
@@ -121,6 +150,8 @@ def _total(state: Any) -> float:
 
 
 def _zero(state: Any) -> None:
+    if isinstance(state, _ChannelState):
+        state = state.td
     leaves = [state] if isinstance(state, torch.Tensor) else list(
         tt.tree.leaves(state) if isinstance(state, tt.TensorDict) else
         state.values() if isinstance(state, dict) else state.values(True, True)
@@ -139,6 +170,9 @@ def _job(rank: int, world: int, rounds: int, large_mb: int, warmup: int) -> tupl
         source, batch = _source(case, large_mb)
         # each impl its own tensors: in-place receives and the zeroing below must not reach the others
         states = {name: IMPLS[name][0]({k: v.clone() for k, v in source.items()}, batch) for name in names}
+        for tag, state in enumerate(states.values()):  # channels are made here, untimed, in the same order on both ranks
+            if isinstance(state, _ChannelState):
+                state.open(1 - rank, tag)
         n = rounds if case == "small" else max(rounds // 20, 3)
         dist.barrier()
         for i in range(warmup + n):

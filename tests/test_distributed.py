@@ -295,6 +295,188 @@ def reliability(rank: int, world: int, group: Any) -> dict[str, Any]:
     return {"bad": bad, "seconds": time.monotonic() - start}
 
 
+# -- channels ----------------------------------------------------------------------------------------
+
+WIDE = DTYPES + (torch.complex128,)  # complex128 needs its group 16-aligned after the 40-byte header
+
+
+def medium(seed: int) -> tt.TensorDict:
+    """Over the 64 KiB of a first message: a consolidated node travels in a data message of its own."""
+    gen = torch.Generator().manual_seed(seed)
+    return nested(seed, WIDE).set("big", torch.randn(4, 50_000, generator=gen))
+
+
+# the nodes channels carry in channel_transfers, by name: (node of a seed, mode)
+CHANNEL_NODES: dict[str, tuple[Callable[[int], tt.TensorDict], bool | None]] = {
+    "small": (lambda seed: nested(seed, WIDE), None),  # consolidated, in one message
+    "small per-leaf": (lambda seed: nested(seed, WIDE), False),
+    "medium consolidated": (medium, True),
+    "medium per-leaf": (medium, False),
+    "large": (large, None),
+    "empty node": (lambda seed: tt.TensorDict({}, [4]), None),
+    "empty leaf only": (lambda seed: tt.TensorDict({"e": torch.zeros(4, 0), "n": {}}, [4]), True),
+}
+
+
+def channel_transfers(rank: int, world: int, group: Any) -> dict[Any, Any]:
+    """Per node kind: a channel made from a tagged template, rank 0 sends (send) and receives
+    (irecv), rank 1 receives (recv) and sends (isend); plain per-leaf send/recv of the same nodes
+    for comparison; recv_ into shared, memory-mapped, locked and plain nodes."""
+    peer = 1 - rank
+    got: dict[Any, Any] = {}
+    for tag, (name, (make, mode)) in enumerate(CHANNEL_NODES.items()):
+        like = make(100).share_memory()
+        mine = make(1 + rank)
+        before, like_before = _snapshot(mine), _snapshot(like)
+        ch = ttd.Channel(like, peer, tag=tag, consolidated=mode)
+        if rank == 0:
+            ch.send(mine)
+            pending = ch.irecv()
+            out = pending.wait()
+            assert pending.wait() is out
+        else:
+            out = ch.recv()
+            assert ch.isend(mine).wait() is None
+        plain = ttd.recv(like, 0, consolidated=False) if rank else ttd.send(make(1), 1, consolidated=False)
+        got[name] = (out, plain, _unchanged(mine, before), _unchanged(like, like_before), _fresh(out, mine, like))
+        if name == "large":
+            continue
+        # and plain recv_ in the channel's mode (complex128 in the first message's bytes, for "small")
+        got[(name, "plain recv_")] = ttd.recv_(make(0), 0, consolidated=mode) if rank else ttd.send(
+            make(1), 1, consolidated=mode
+        )
+        for kind in ("shared", "memmap", "locked", "plain"):
+            if rank == 0:
+                ch.send(make(3))
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                into = {"shared": make(0).share_memory, "memmap": lambda: make(0).memmap(f"{tmp}/node"),
+                        "locked": lambda: make(0).lock(), "plain": lambda: make(0)}[kind]()
+                kind_before, ptrs = type(into), _storages(into)
+                back = ch.recv_(into)
+                got[(name, kind)] = (back is into, type(into) is kind_before, _storages(into) == ptrs, into.clone())
+    return got
+
+
+def channel_swaps_and_order(rank: int, world: int, group: Any) -> dict[Any, Any]:
+    """Two channels between the same processes (small on tag 20, medium on tag 21): both sides send
+    on both, then receive on both; two receives posted at once and waited for in reverse order; a
+    received node is not changed by the next receive."""
+    peer = 1 - rank
+    small = ttd.Channel(nested(0, WIDE), peer, tag=20)
+    mid = ttd.Channel(medium(0), peer, tag=21)
+    got: dict[Any, Any] = {}
+    sends = [small.isend(nested(50 + rank, WIDE)), mid.isend(medium(60 + rank))]
+    got["small"], got["medium"] = small.recv(), mid.recv()
+    for pending in sends:
+        pending.wait()
+    if rank == 0:
+        for seed in (70, 71, 72, 73):
+            small.send(nested(seed, WIDE))
+    else:
+        first, second = small.irecv(), small.irecv()
+        got["second"], got["first"] = second.wait(), first.wait()
+        got["first again"] = first.wait()
+        # one after the other, through the buffer the channel keeps: the first must not change
+        got["kept"] = small.recv()
+        got["next"] = small.recv()
+    return got
+
+
+def channel_in_a_group(rank: int, world: int, group: Any) -> dict[Any, Any]:
+    """On global ranks 2 and 3, in their own group, the peer named by global rank; global rank 2
+    counts 5 earlier channels on the tag and rank 3 none (as after a restart), and they agree on 6."""
+    from tdtree.distributed import _channel
+
+    if rank == 0:
+        _channel._OPENED[(id(group), 1, 3)] = 5
+    ch = ttd.Channel(nested(0), (2, 3)[1 - rank], group=group, tag=3)
+    if rank == 0:
+        ch.send(nested(1))
+        return {"got": ch.recv(), "number": ch._id}
+    got = ch.recv()
+    ch.send(nested(2))
+    return {"got": got, "number": ch._id}
+
+
+def channel_misuse(rank: int, world: int, group: Any) -> dict[Any, Any]:
+    """Disagreements at creation raise on both sides; a node of another structure is refused
+    locally (nothing sent, the channel goes on); what a channel did not send is refused by the
+    receiving channel, and the channel goes on."""
+    peer = 1 - rank
+    base = nested(5)
+    got: dict[Any, Any] = {}
+    created = {
+        "shape": base.set(("next", "reward"), torch.zeros(4, 2)) if rank == 1 else base,
+        "dtype": base.set("x_int64", torch.zeros(4, 3, dtype=torch.int32)) if rank == 1 else base,
+    }
+    for name, td in created.items():
+        got[("create", name)] = _error(lambda: ttd.Channel(td, peer, tag=30))
+    got[("create", "mode")] = _error(lambda: ttd.Channel(base, peer, tag=30, consolidated=rank == 0))
+    got[("create", "self")] = _error(lambda: ttd.Channel(base, rank, tag=30))
+    ch = ttd.Channel(base, peer, tag=30)
+    wrong = base.set(("next", "reward"), torch.zeros(4, 2))
+    if rank == 0:
+        got["local send"] = _error(lambda: ch.send(wrong))
+        ch.send(nested(6))
+        got["local recv_"] = _error(lambda: ch.recv_(wrong))
+        got["after local recv_"] = ch.recv_(base.clone())
+        # a plain send on the channel's tag: the receiving channel answers, and both raise
+        got["plain send"] = _error(lambda: ttd.send(nested(7), 1, tag=30))
+        got["plain send medium"] = _error(lambda: ttd.send(medium(7), 1, tag=30, consolidated=True))
+        ch.send(nested(8))
+    else:
+        got["after local send"] = ch.recv()
+        ch.send(nested(9))
+        got["plain send"] = _error(ch.recv)
+        got["plain send medium"] = _error(ch.recv)
+        got["after plain send"] = ch.recv()
+    # a message of an earlier channel on the same tag, left unreceived, reaches the new channel
+    old = ttd.Channel(base, peer, tag=31)
+    if rank == 0:
+        unreceived = old.isend(nested(13))  # a send completes once the other side posts a receive
+    new = ttd.Channel(base, peer, tag=31)
+    if rank == 0:
+        for seed in (14, 15, 16, 17):
+            new.send(nested(seed))
+        unreceived.wait()
+    else:
+        got["old channel"] = _error(new.recv)
+        got["after old channel"] = new.recv()
+        # the old channel takes the new one's next message, so the new one misses it and says so
+        got["taken by the old channel"] = _error(old.recv)
+        got["gap"] = _error(new.recv)
+        got["after gap"] = new.recv()
+    return got
+
+
+def channel_reliability(rank: int, world: int, group: Any) -> dict[str, Any]:
+    """300 round trips of random values on three channels (one message, a consolidated data message,
+    per-leaf), each node carrying the CRC32 of its bytes; both sides verify."""
+    gen = torch.Generator().manual_seed(99 + rank)
+    peer = 1 - rank
+    # the structures of _random_node(2), (3) and (4) travel in one message, consolidated in a data
+    # message of their own, and per leaf
+    kinds = (2, 3, 4)
+    channels = [ttd.Channel(_random_node(i, gen), peer, tag=40 + i) for i in kinds]
+    bad = []
+    for r in range(300):
+        ch, i = channels[r % 3], kinds[r % 3]
+        if rank == 0:
+            sent = _random_node(i, gen)
+            pending = ch.isend(sent)
+            back = ch.recv() if r % 2 else ch.recv_(_random_node(i, gen))
+            pending.wait()
+            if _crc(back) != int(sent["crc"]) or int(back["crc"]) != int(sent["crc"]) + 1:
+                bad.append(r)
+        else:
+            got = ch.irecv().wait()
+            if _crc(got) != int(got["crc"]):
+                bad.append(r)
+            ch.send(got.set("crc", got["crc"] + 1))
+    return {"bad": bad}
+
+
 # -- scenarios with four processes ---------------------------------------------------------------
 
 
@@ -322,6 +504,11 @@ SCENARIOS: list[tuple[Callable[[int, int, Any], Any], tuple[int, ...]]] = [
     (p2p_in_a_group, (2, 3)),
     (mismatches, (0, 1)),
     (reliability, (0, 1)),
+    (channel_transfers, (0, 1)),
+    (channel_swaps_and_order, (0, 1)),
+    (channel_in_a_group, (2, 3)),
+    (channel_misuse, (0, 1)),
+    (channel_reliability, (0, 1)),
     (collectives_four, (0, 1, 2, 3)),
     (collective_mismatch_four, (0, 1, 2, 3)),
 ]
@@ -507,3 +694,106 @@ def test_uniform_leaves_pack_and_unpack_as_one_stack() -> None:
     assert_equal(unpack(layout, fast), unpack(general, slow))
     assert_equal(unpack(layout, fast), td)
     assert layout_of(tt.TensorDict({"a": torch.ones(2), "b": torch.ones(2, dtype=torch.int64)}))[0].stacked is None
+
+
+def test_channel_transfers_match_plain_send_recv(results: list[dict[str, Any]]) -> None:
+    on_0, on_1 = _outcome(results, "channel_transfers")
+    for name, (make, _) in CHANNEL_NODES.items():
+        out_1, plain_1, *flags_1 = on_1[name]
+        out_0, _, *flags_0 = on_0[name]
+        assert_equal(out_1, make(1))
+        assert_equal(out_0, make(2))
+        assert_equal(out_1, plain_1)
+        if name != "large":
+            assert_equal(on_1[(name, "plain recv_")], make(1))
+        assert flags_0 == flags_1 == [True, True, True], f"{name}: inputs unchanged, template unchanged, fresh"
+
+
+def test_channel_recv_into_keeps_type_tags_and_storages(results: list[dict[str, Any]]) -> None:
+    got = _outcome(results, "channel_transfers")[1]
+    checked = 0
+    for key, value in got.items():
+        if isinstance(key, tuple) and key[1] != "plain recv_":
+            name, kind = key
+            returned_self, same_type, same_storages, values = value
+            assert returned_self and same_type and same_storages, f"{name}, {kind}"
+            assert_equal(values, CHANNEL_NODES[name][0](3), check_tags=False)
+            checked += 1
+    assert checked == 4 * (len(CHANNEL_NODES) - 1)
+
+
+def test_channel_swap_and_receives_in_posting_order(results: list[dict[str, Any]]) -> None:
+    on_0, on_1 = _outcome(results, "channel_swaps_and_order")
+    for rank, got in enumerate((on_0, on_1)):
+        assert_equal(got["small"], nested(50 + 1 - rank, WIDE))
+        assert_equal(got["medium"], medium(60 + 1 - rank))
+    assert_equal(on_1["first"], nested(70, WIDE))
+    assert_equal(on_1["second"], nested(71, WIDE))
+    assert on_1["first again"] is on_1["first"]
+    assert_equal(on_1["kept"], nested(72, WIDE))
+    assert_equal(on_1["next"], nested(73, WIDE))
+
+
+def test_channel_in_a_group_by_global_rank(results: list[dict[str, Any]]) -> None:
+    on_2, on_3 = _outcome(results, "channel_in_a_group")
+    assert_equal(on_3["got"], nested(1))
+    assert_equal(on_2["got"], nested(2))
+    assert on_2["number"] == on_3["number"] == 6
+
+
+@pytest.mark.parametrize(
+    ("case", "names"),
+    [
+        ("shape", ["('next', 'reward')", "(4, 1)", "(4, 2)"]),
+        ("dtype", ["'x_int64'", "int64", "int32"]),
+        ("mode", ["consolidated", "per-leaf"]),
+    ],
+)
+def test_channel_creation_mismatch_raises_on_both_sides(results: list[dict[str, Any]], case: str, names: list[str]) -> None:
+    for rank, got in enumerate(_outcome(results, "channel_misuse")):
+        kind, message, seconds = got[("create", case)]
+        assert kind == StructureMismatchError.__name__, f"rank {rank}: {kind} {message}"
+        for name in names:
+            assert name in message, f"rank {rank}: {name} not in {message!r}"
+        assert seconds < MISMATCH_SECONDS, f"rank {rank} took {seconds:.1f}s to raise"
+        kind, message, _ = got[("create", "self")]
+        assert kind == "ValueError" and f"rank {rank}" in message, message
+
+
+def test_channel_refuses_a_wrong_node_locally_and_goes_on(results: list[dict[str, Any]]) -> None:
+    sender, receiver = _outcome(results, "channel_misuse")
+    for op in ("local send", "local recv_"):
+        kind, message, _ = sender[op]
+        assert kind == StructureMismatchError.__name__ and f"Channel.{op.split()[1]}" in message, message
+        assert "('next', 'reward')" in message and "(4, 2)" in message and "(4, 1)" in message, message
+    # the refused send sent nothing: the receiver's next message is the correct send after it
+    assert_equal(receiver["after local send"], nested(6))
+    assert_equal(sender["after local recv_"], nested(9))
+
+
+def test_channel_refuses_plain_transfers_on_its_tag(results: list[dict[str, Any]]) -> None:
+    sender, receiver = _outcome(results, "channel_misuse")
+    for case in ("plain send", "plain send medium"):
+        for rank, got in enumerate((sender, receiver)):
+            kind, message, seconds = got[case]
+            assert kind == StructureMismatchError.__name__, f"rank {rank} {case}: {kind} {message}"
+            assert "called send" in message and "called Channel" in message, message
+            assert seconds < MISMATCH_SECONDS
+    assert_equal(receiver["after plain send"], nested(8))
+
+
+def test_channel_refuses_a_message_of_another_channel_and_reports_a_gap(results: list[dict[str, Any]]) -> None:
+    receiver = _outcome(results, "channel_misuse")[1]
+    for case, (its, this) in {"old channel": (1, 2), "taken by the old channel": (2, 1)}.items():
+        kind, message, _ = receiver[case]
+        assert kind == StructureMismatchError.__name__, message
+        assert f"another channel on this tag (its channel {its}, this one is {this})" in message, message
+    assert_equal(receiver["after old channel"], nested(14))
+    kind, message, _ = receiver["gap"]
+    assert kind == StructureMismatchError.__name__ and "message 2" in message and "1 was next" in message, message
+    assert_equal(receiver["after gap"], nested(17))
+
+
+def test_channel_round_trips_with_checksums(results: list[dict[str, Any]]) -> None:
+    sender, receiver = _outcome(results, "channel_reliability")
+    assert sender["bad"] == [] and receiver["bad"] == []

@@ -7,6 +7,10 @@ group (``torch.distributed.init_process_group``, or ``torchrun``), like ``torch.
   whose :class:`Transfer` handles return the node from ``wait()``.
 * ``broadcast(td, src)``, ``all_reduce(td, op)``, ``all_gather(td)`` (stacked on a new dim 0),
   ``reduce_scatter(td, op)``.
+* ``Channel(like, peer, tag=...)``: made on both processes, it checks the structure once; then
+  ``ch.send(td)`` / ``ch.recv()`` / ``ch.recv_(into)`` (and ``isend`` / ``irecv``, whose
+  :class:`Pending` handles return the node from ``wait()``) move one message per node, checking
+  the structure locally. For hot loops between fixed peers.
 * ``run_local(fn, world_size, *args)``: ``fn`` on local processes in a gloo group, bounded in time.
 
 Guarantees: every function returns a new, untagged node and changes none of its arguments,
@@ -20,6 +24,8 @@ message and unpacked as views; ``False`` sends one message per leaf; ``None`` (t
 picks the cheaper for the node's structure (see :func:`tdtree.distributed._protocol.choose`).
 """
 
+from ._channel import Channel as Channel
+from ._channel import Pending as Pending
 from ._collectives import all_gather as all_gather
 from ._collectives import all_reduce as all_reduce
 from ._collectives import broadcast as broadcast
@@ -33,6 +39,8 @@ from ._p2p import recv_ as recv_
 from ._p2p import send as send
 
 __all__ = [
+    "Channel",
+    "Pending",
     "Transfer",
     "all_gather",
     "all_reduce",

@@ -31,7 +31,7 @@ from .._keys import display
 from .._pytree import NAMESPACE
 from .._tags import retag
 
-__all__ = ["Layout", "layout_of", "pack", "unpack", "unpack_stacked", "differences"]
+__all__ = ["Layout", "layout_of", "pack", "rows", "unpack", "unpack_stacked", "differences"]
 
 _ALIGN = 16  # the largest element size (complex128), so every group's start suits its dtype
 _CACHE_SIZE = 512
@@ -156,10 +156,18 @@ def _parts(seg: torch.Tensor, group: Group, dim: int) -> Any:
     return seg.split([r.numel for r in group.runs], dim)
 
 
+def rows(layout: Layout, buf: torch.Tensor) -> torch.Tensor | None:
+    """``buf`` viewed as the stack of every leaf (see ``Layout.stacked``), or None when there is no such view."""
+    if layout.stacked is None:
+        return None
+    return buf[: layout.groups[0].nbytes].view(layout.stacked[0]).view(layout.stacked[1])
+
+
 def pack(layout: Layout, leaves: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
     """``out`` (a ``uint8`` tensor of ``layout.nbytes``) after copying every leaf into it."""
-    if layout.stacked is not None:
-        torch.stack(leaves, out=out[: layout.groups[0].nbytes].view(layout.stacked[0]).view(layout.stacked[1]))
+    stack = rows(layout, out)
+    if stack is not None:
+        torch.stack(leaves, out=stack)
         return out
     for g in layout.groups:
         seg = out[g.start : g.start + g.nbytes].view(g.dtype)
@@ -173,9 +181,9 @@ def pack(layout: Layout, leaves: list[torch.Tensor], out: torch.Tensor) -> torch
 
 def unpack(layout: Layout, buf: torch.Tensor) -> Any:
     """An untagged node whose leaves are views of ``buf`` (no copy)."""
-    if layout.stacked is not None:
-        rows = buf[: layout.groups[0].nbytes].view(layout.stacked[0]).view(layout.stacked[1])
-        return optree.tree_unflatten(layout.spec, rows.unbind(0))
+    stack = rows(layout, buf)
+    if stack is not None:
+        return optree.tree_unflatten(layout.spec, stack.unbind(0))
     leaves: list[Any] = [None] * len(layout.shapes)
     for g in layout.groups:
         seg = buf[g.start : g.start + g.nbytes].view(g.dtype)

@@ -29,6 +29,7 @@ from ._protocol import (
     device_of,
     header,
     is_early,
+    message,
     same_device,
     tags,
 )
@@ -63,18 +64,17 @@ class Transfer:
         self._op, self._layout, self._peer, self._group, self._tags = op, layout, peer, group, tags
         self._mine, self._values = mine
         # a receiver's first message is its header alone; a sender's may carry a small node
-        size = HEADER_BYTES if tags[0] % 3 == 0 else HEADER_BYTES + EARLY_BYTES
-        self._first = torch.empty(size, dtype=torch.uint8, device=self._mine.device)
-        self._pg, self._rank = _resolve(peer, group)
+        self._first = message(0 if tags[0] % 3 == 0 else EARLY_BYTES, self._mine.device)
+        self._pg, self._rank = resolve(peer, group)
         self._works: list[Any] = [self._pg.send([first], self._rank, tags[0]), self._pg.recv([self._first], self._rank, tags[1])]
-        self._sent: list[Any] = [self._pg.send([_wire(x)], self._rank, tags[2]) for x in data]
+        self._sent: list[Any] = [self._pg.send([wire(x)], self._rank, tags[2]) for x in data]
         self._post = post
         self._done = False
         self._result: Any = None
 
     def post_recv(self, into: torch.Tensor) -> Any:
         """Post a receive of the sender's data into ``into``; its work."""
-        return self._pg.recv([_wire(into)], self._rank, self._tags[2])
+        return self._pg.recv([wire(into)], self._rank, self._tags[2])
 
     def first_bytes(self, n: int) -> torch.Tensor:
         """The ``n`` bytes after the header in the first message received."""
@@ -102,7 +102,7 @@ class Transfer:
         return self._result
 
 
-def _resolve(peer: int, group: Any) -> tuple[Any, int]:
+def resolve(peer: int, group: Any) -> tuple[Any, int]:
     """The process group to post on and ``peer``'s rank in it.
 
     Posting on the process group itself skips ``dist.isend``'s per-call checks (a few
@@ -117,18 +117,68 @@ def _resolve(peer: int, group: Any) -> tuple[Any, int]:
     return world, peer
 
 
-def _wire(x: torch.Tensor) -> torch.Tensor:
-    # backends move real dtypes only; dist.isend makes the same view
+def wire(x: torch.Tensor) -> torch.Tensor:
+    """What a backend moves for ``x``: backends move real dtypes only (``dist.isend`` makes the same view)."""
     return torch.view_as_real(x) if x.is_complex() else x
 
 
-def _mode(node: Node, layout: Layout, leaves: list[torch.Tensor], consolidated: bool | None) -> bool:
+def mode_of(node: Node, layout: Layout, leaves: list[torch.Tensor], consolidated: bool | None) -> bool:
+    """The mode ``node`` travels in: :func:`._protocol.choose`, on one device only."""
     # a node with a device has every leaf there; only device-less nodes need the look
     return choose(layout, consolidated) and (node._meta[2] is not None or same_device(leaves))
 
 
 def _nothing() -> None:
     return None
+
+
+def outgoing(layout: Layout, leaves: list[torch.Tensor], mode: bool, device: torch.device) -> list[torch.Tensor]:
+    """The data messages of a node whose bytes do not travel in its first message."""
+    if mode:
+        return [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))] if layout.nbytes else []
+    return [x.contiguous() for x in leaves if x.numel()]
+
+
+def delivered(layout: Layout, buf: torch.Tensor, leaves: list[torch.Tensor], into: Node | None) -> Any:
+    """The node packed in ``buf``: a new one of views (``into`` None), or ``into`` after copying it in."""
+    if into is None:
+        return unpack(layout, buf)
+    if leaves:
+        torch._foreach_copy_(leaves, optree.tree_leaves(unpack(layout, buf), namespace=NAMESPACE))
+    return into
+
+
+def incoming(
+    layout: Layout,
+    leaves: list[torch.Tensor],
+    mode: bool,
+    device: torch.device,
+    into: Node | None,
+    post: Callable[[torch.Tensor], Any],
+    devices: list[torch.device] | None = None,
+) -> tuple[list[Any], Callable[[], Any]]:
+    """Post (with ``post``) the receives of the data messages :func:`outgoing` makes; their works and
+    what returns the node once they are done (see :func:`delivered`). ``leaves`` are ``into``'s, or
+    those of the template a new node takes its leaves' devices from (or ``devices`` gives them)."""
+    if mode:
+        buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
+        return ([post(buf)] if layout.nbytes else []), lambda: delivered(layout, buf, leaves, into)
+    if into is None:
+        places = devices if devices is not None else [x.device for x in leaves]
+        targets = [torch.empty(s, dtype=d, device=p) for s, d, p in zip(layout.shapes, layout.dtypes, places)]
+    else:
+        targets = [x if x.is_contiguous() else torch.empty_like(x, memory_format=torch.contiguous_format) for x in leaves]
+    works = [post(t) for t in targets if t.numel()]
+
+    def finish() -> Any:
+        if into is None:
+            return optree.tree_unflatten(layout.spec, targets)
+        pairs = [(x, t) for x, t in zip(leaves, targets) if x is not t]
+        if pairs:
+            torch._foreach_copy_([x for x, _ in pairs], [t for _, t in pairs])
+        return into
+
+    return works, finish
 
 
 def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None) -> Transfer:
@@ -141,20 +191,17 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
     A transfer uses the tags ``3 * tag`` to ``3 * tag + 2`` (see :func:`._protocol.tags`).
     """
     layout, leaves = layout_of(td)
-    mode = _mode(td, layout, leaves, consolidated)
+    mode = mode_of(td, layout, leaves, consolidated)
     device = device_of(leaves)
     mine = header(layout, mode, "send", device)
     data: list[torch.Tensor] = []
     if is_early(mode, layout.nbytes):
-        first = torch.empty(HEADER_BYTES + layout.nbytes, dtype=torch.uint8, device=device)
+        first = message(layout.nbytes, device)
         first[:HEADER_BYTES].view(torch.int64).copy_(mine[0])
         pack(layout, leaves, first[HEADER_BYTES:])
     else:
         first = mine[0].view(torch.uint8)
-        if mode and layout.nbytes:
-            data = [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))]
-        elif not mode:
-            data = [x.contiguous() for x in leaves if x.numel()]
+        data = outgoing(layout, leaves, mode, device)
     return Transfer("send", layout, mine, first, dst, group, tags("send", tag), data, None)
 
 
@@ -162,43 +209,18 @@ def _irecv(
     op: str, like: Node, src: int, group: Any, tag: int, consolidated: bool | None, into: Node | None
 ) -> Transfer:
     layout, leaves = layout_of(like)
-    mode = _mode(like, layout, leaves, consolidated)
+    mode = mode_of(like, layout, leaves, consolidated)
     device = device_of(leaves)
     mine = header(layout, mode, op, device)
-    channels = tags(op, tag)
-
-    def received(buf: torch.Tensor) -> Any:
-        if into is None:
-            return unpack(layout, buf)
-        if leaves:
-            torch._foreach_copy_(leaves, optree.tree_leaves(unpack(layout, buf), namespace=NAMESPACE))
-        return into
 
     def post() -> tuple[list[Any], Callable[[], Any]]:
         if is_early(mode, layout.nbytes):
             data = transfer.first_bytes(layout.nbytes)
             # a copy the node's size, so a small node does not hold the whole first buffer
-            return [], lambda: received(data if into is not None else data.clone())
-        if mode:
-            buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
-            return ([transfer.post_recv(buf)] if layout.nbytes else []), lambda: received(buf)
-        if into is None:
-            targets = [torch.empty(s, dtype=d, device=x.device) for s, d, x in zip(layout.shapes, layout.dtypes, leaves)]
-        else:
-            targets = [x if x.is_contiguous() else torch.empty_like(x, memory_format=torch.contiguous_format) for x in leaves]
-        works = [transfer.post_recv(t) for t in targets if t.numel()]
+            return [], lambda: delivered(layout, data if into is not None else data.clone(), leaves, into)
+        return incoming(layout, leaves, mode, device, into, transfer.post_recv)
 
-        def finish() -> Any:
-            if into is None:
-                return optree.tree_unflatten(layout.spec, targets)
-            pairs = [(x, t) for x, t in zip(leaves, targets) if x is not t]
-            if pairs:
-                torch._foreach_copy_([x for x, _ in pairs], [t for _, t in pairs])
-            return into
-
-        return works, finish
-
-    transfer = Transfer(op, layout, mine, mine[0].view(torch.uint8), src, group, channels, [], post)
+    transfer = Transfer(op, layout, mine, mine[0].view(torch.uint8), src, group, tags(op, tag), [], post)
     return transfer
 
 

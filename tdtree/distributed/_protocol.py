@@ -2,11 +2,13 @@
 
 Every process starts an exchange with a *header* of five int64 values
 ``[MAGIC, fingerprint, consolidated, nbytes, op]`` (``op`` says which function
-it called). Headers agree when the first four are equal (and, in a
-collective, the ops too). When they do not, every side knows it, so all of
+it called). Headers agree when the first four are equal and the ops pair up
+(``send`` with ``recv``; in a collective, and for a :class:`~._channel.Channel`'s
+creation, the same op everywhere). When they do not, every side knows it, so all of
 them go on to swap their full descriptions (JSON bytes, never pickles) and
 raise the same :class:`~tdtree.errors.StructureMismatchError` naming what
-differs.
+differs. A channel's later messages start with ``CHANNEL_MAGIC`` instead; a
+plain receiver refuses them.
 
 Point to point, each side posts its first message and a receive for the
 other's at once, so the check costs no round trip. A side's first message is
@@ -43,11 +45,14 @@ from ..errors import StructureMismatchError
 from ._layout import Layout, differences
 
 __all__ = [
+    "CHANNEL_MAGIC",
     "EARLY_BYTES",
     "HEADER_BYTES",
+    "MAGIC",
     "OPS",
     "choose",
     "is_early",
+    "message",
     "header",
     "device_of",
     "same_device",
@@ -57,10 +62,14 @@ __all__ = [
 ]
 
 MAGIC = 0x7464747265650001  # "tdtree" and a protocol version
+CHANNEL_MAGIC = 0x7464747265650002  # starts every message a Channel sends once agreed (see ._channel)
 HEADER_BYTES = 5 * 8
 EARLY_BYTES = 64 * 1024
-OPS = {"send": 1, "recv": 2, "recv_": 2, "broadcast": 3, "all_reduce": 4, "all_gather": 5, "reduce_scatter": 6}
-_OP_NAMES = {1: "send", 2: "recv", 3: "broadcast", 4: "all_reduce", 5: "all_gather", 6: "reduce_scatter"}
+OPS = {
+    "send": 1, "recv": 2, "recv_": 2, "broadcast": 3, "all_reduce": 4, "all_gather": 5, "reduce_scatter": 6, "channel": 7,
+}
+_OP_NAMES = {1: "send", 2: "recv", 3: "broadcast", 4: "all_reduce", 5: "all_gather", 6: "reduce_scatter", 7: "Channel"}
+_PARTNERS = {1: 2, 2: 1}  # the op a point-to-point peer must have called; any other op pairs with itself
 _MODES = {0: "per-leaf", 1: "consolidated"}
 
 # Measured with bench/distributed.py on the 2-core dev machine (gloo, loopback, other jobs running):
@@ -87,6 +96,15 @@ def choose(layout: Layout, consolidated: bool | None) -> bool:
 def is_early(consolidated: bool, nbytes: int) -> bool:
     """Whether a sender of this mode and size puts the node's bytes in its first message."""
     return consolidated and 0 < nbytes <= EARLY_BYTES
+
+
+def message(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A ``uint8`` buffer of ``HEADER_BYTES + nbytes`` whose bytes after the header start 16-aligned.
+
+    The header is 40 bytes, so a buffer starting at 0 would put the node at offset 40, where a
+    ``complex128`` group cannot be viewed; 8 bytes of slack before the header fix that.
+    """
+    return torch.empty(8 + HEADER_BYTES + nbytes, dtype=torch.uint8, device=device)[8:]
 
 
 def device_of(leaves: list[torch.Tensor]) -> torch.device:
@@ -126,8 +144,15 @@ def _mode_line(mine: list[int], theirs: list[int], me: str, them: str) -> list[s
     ]
 
 
+def _op_line(mine: list[int], theirs: list[int], me: str, them: str) -> list[str]:
+    if theirs[4] == _PARTNERS.get(mine[4], mine[4]):
+        return []
+    return [f"{me} called {_OP_NAMES.get(mine[4], mine[4])} and {them} called {_OP_NAMES.get(theirs[4], theirs[4])}"]
+
+
 def _explain(mine: Any, theirs: Any, hdr_mine: list[int], hdr_theirs: list[int], me: str, them: str) -> list[str]:
     lines = differences(mine, theirs, me, them) + _mode_line(hdr_mine, hdr_theirs, me, them)
+    lines += _op_line(hdr_mine, hdr_theirs, me, them)
     return lines or [f"the structure fingerprints differ between {me} and {them}"]
 
 
@@ -171,16 +196,18 @@ def check_peer(
     tags: tuple[int, int, int],
     sent: list[Any],
 ) -> None:
-    """Return when the swapped headers agree; else settle and raise.
+    """Return when the swapped headers agree (and the peer called the partner op); else settle and raise.
 
-    Settling: the two sides swap descriptions; a receiver then receives, into scratch buffers,
-    the data messages the sender posted (their sizes follow from the sender's header and
+    Settling: the two sides swap descriptions; a side facing a sender then receives, into scratch
+    buffers, the data messages the sender posted (their sizes follow from the sender's header and
     description), and a sender waits for those (``sent``) to go, so no message is left for a
     later transfer.
     """
-    if mine[:4] == theirs[:4]:
+    if mine[:4] == theirs[:4] and theirs[4] == _PARTNERS.get(mine[4], mine[4]):
         return
     me, them = f"this rank ({dist.get_rank()})", f"rank {peer}"
+    if theirs[0] == CHANNEL_MAGIC:
+        raise StructureMismatchError(op, [f"{them} sent a message of a Channel on these tags, not a {op} header"])
     if theirs[0] != MAGIC:
         raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree header: {theirs}"])
     own = _encode(layout.description, device)
@@ -192,7 +219,7 @@ def check_peer(
     if OPS[op] == OPS["send"]:
         for w in sent:
             w.wait()
-    else:
+    elif theirs[4] == OPS["send"]:
         for n in _message_sizes(theirs, described):
             dist.recv(torch.empty(n, dtype=torch.uint8, device=device), peer, group=group, tag=tags[2])
     raise StructureMismatchError(op, _explain(layout.description, described, mine, theirs, me, them))
