@@ -76,16 +76,17 @@ def vmap(
     @functools.wraps(func)
     def mapped(*args: Any) -> Any:
         dims = _per_arg(in_dims, len(args), "in_dims")
+        leaves, spec = optree.tree_flatten(args, namespace=NAMESPACE)
         leaf_dims: list[int | None] = []
         size: int | None = None
-        for arg, dim in zip(args, dims):
+        # one flatten of all the arguments: each argument's leaf count comes from its part of the spec
+        for arg, dim, arg_spec in zip(args, dims, spec.children()):
             if dim is not None and isinstance(arg, Node):
                 dim = _batch_dim(arg, dim)
                 size = arg._meta[1][dim] if size is None else size
             elif dim is not None and isinstance(arg, torch.Tensor):
                 size = arg.shape[dim] if size is None else size
-            leaf_dims.extend([dim] * len(optree.tree_leaves(arg, namespace=NAMESPACE)))
-        leaves, spec = optree.tree_flatten(args, namespace=NAMESPACE)
+            leaf_dims.extend([dim] * arg_spec.num_leaves)
         out_spec: list[optree.PyTreeSpec] = []
 
         def inner(*inner_leaves: Any) -> tuple[Any, ...]:

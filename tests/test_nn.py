@@ -215,6 +215,35 @@ def test_grad_with_tied_weights_keeps_them_tied() -> None:
     assert_close(functional_call(m, stepped, x), ref(x))
 
 
+def test_functional_call_shared_submodule_and_buffer_take_the_first_path() -> None:
+    class Scale(nn.Module):
+        def __init__(self, s: torch.Tensor) -> None:
+            super().__init__()
+            self.register_buffer("s", s)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.s
+
+    torch.manual_seed(4)
+    lin = nn.Linear(2, 2)
+    shared = torch.tensor(2.0)
+    m = nn.Sequential(lin, Scale(shared), lin, Scale(shared))
+    x = torch.randn(3, 2)
+    w0, b0 = torch.randn(2, 2), torch.randn(2)
+    p = tt.TensorDict(
+        {
+            "0": {"weight": w0, "bias": b0},
+            "1": {"s": torch.tensor(3.0)},
+            "2": {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)},
+            "3": {"s": torch.tensor(5.0)},
+        }
+    )
+    # the shared Linear and the shared buffer take their first path's values at both paths
+    expected = ((x @ w0.T + b0) * 3.0 @ w0.T + b0) * 3.0
+    assert_close(functional_call(m, p, x), expected)
+    assert shared.item() == 2.0 and m[0].weight is lin.weight
+
+
 def test_vmap_ensemble_of_five_equals_five_calls() -> None:
     models = [mlp(seed=s) for s in range(5)]
     nodes = [from_module(mod) for mod in models]

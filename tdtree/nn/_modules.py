@@ -68,7 +68,9 @@ class TDModule(nn.Module):
     def forward(self, td: Node) -> Node:
         # _modules directly: nn.Module.__getattr__'s fallback costs a microsecond per call
         module: Any = self._modules["module"]
-        out = module(*[_keyops.get(td, p) for p in self._in])
+        ins = self._in
+        # one in key (the usual case) skips building an argument list
+        out = module(_keyops.get(td, ins[0])) if len(ins) == 1 else module(*[_keyops.get(td, p) for p in ins])
         keys = self._out
         if len(keys) == 1:
             if type(out) is tuple:
@@ -152,7 +154,7 @@ class TDSequential(nn.Module):
 
     def forward(self, td: Node) -> Node:
         out = td
-        for module in self._members():
+        for module in self._modules.values():
             out = module(out)
         if self._drop:
             drop = [q for q in map(self._dropped, self._drop, (td,) * len(self._drop)) if q is not None]

@@ -113,10 +113,27 @@ def _paths(module: nn.Module, kind: str, prefix: str, groups: dict[torch.Tensor,
             _paths(sub, kind, prefix + name + ".", groups)
 
 
+def _ids(module: nn.Module, out: list[int]) -> None:
+    # id(), not the tensor: Tensor.__hash__ is a Python method, id() a builtin.
+    for tensor in module._parameters.values():
+        if tensor is not None:
+            out.append(id(tensor))
+    for tensor in module._buffers.values():
+        if tensor is not None:
+            out.append(id(tensor))
+    for sub in module._modules.values():
+        if sub is not None:
+            _ids(sub, out)
+
+
 def _tie(module: nn.Module, flat: dict[str, torch.Tensor]) -> None:
     # Tied paths share one tensor in the module; every path of a tied group
     # takes the value given for its first path (module order: parameters, then
     # buffers), so a gradient or an optimiser step never unties them.
+    ids: list[int] = []
+    _ids(module, ids)
+    if len(set(ids)) == len(ids):
+        return  # no tensor at two paths: the common case costs one walk that builds no names
     groups: dict[torch.Tensor, list[str]] = {}
     _paths(module, "_parameters", "", groups)
     _paths(module, "_buffers", "", groups)
