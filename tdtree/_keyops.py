@@ -65,24 +65,22 @@ def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
             break
     else:
         return value
-    return _missing(node, path, default)
+    if default is not MISSING:
+        return default
+    raise _missing(node, path)
 
 
-def _missing(node: Node, path: tuple[str, ...], default: Any) -> Any:
-    """What :func:`get` returns, or raises, when ``path`` does not lead to an entry."""
+def _missing(node: Node, path: tuple[str, ...]) -> KeyError:
+    """The error for a ``path`` that does not lead to an entry: where the walk stopped, and why."""
     value: Any = node
     for depth, part in enumerate(path):
         if not isinstance(value, Node):
-            if default is not MISSING:
-                return default
-            raise NotANodeKeyError(display(path), display(path[:depth]))
+            return NotANodeKeyError(display(path), display(path[:depth]))
         level = value
         value = level._data.get(part, MISSING)
         if value is MISSING:
-            if default is not MISSING:
-                return default
-            raise _not_found(path, depth, level)
-    return value
+            return _not_found(path, depth, level)
+    raise AssertionError(f"{display(path)!r} leads to an entry")  # get() found none
 
 
 def contains(node: Node, key: object) -> bool:
