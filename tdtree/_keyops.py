@@ -80,7 +80,7 @@ def _missing(node: Node, path: tuple[str, ...]) -> KeyError:
         value = level._data.get(part, MISSING)
         if value is MISSING:
             return _not_found(path, depth, level)
-    raise AssertionError(f"{display(path)!r} leads to an entry")  # get() found none
+    raise AssertionError(f"{display(path)!r} leads to an entry: get() asks for an error only when it does not")
 
 
 def contains(node: Node, key: object) -> bool:
