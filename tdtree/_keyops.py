@@ -65,24 +65,22 @@ def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
             break
     else:
         return value
-    return _missing(node, path, default)
+    if default is not MISSING:
+        return default
+    raise _missing(node, path)
 
 
-def _missing(node: Node, path: tuple[str, ...], default: Any) -> Any:
-    """What :func:`get` returns, or raises, when ``path`` does not lead to an entry."""
+def _missing(node: Node, path: tuple[str, ...]) -> KeyError:
+    """The error for a ``path`` that does not lead to an entry: where the walk stopped, and why."""
     value: Any = node
     for depth, part in enumerate(path):
         if not isinstance(value, Node):
-            if default is not MISSING:
-                return default
-            raise NotANodeKeyError(display(path), display(path[:depth]))
+            return NotANodeKeyError(display(path), display(path[:depth]))
         level = value
         value = level._data.get(part, MISSING)
         if value is MISSING:
-            if default is not MISSING:
-                return default
-            raise _not_found(path, depth, level)
-    return value
+            return _not_found(path, depth, level)
+    raise AssertionError(f"{display(path)!r} leads to an entry: get() asks for an error only when it does not")
 
 
 def contains(node: Node, key: object) -> bool:
@@ -163,7 +161,7 @@ def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: A
     head = path[0]
     old = node._data
     _, batch_size, device, _ = node._meta
-    new = dict(old)
+    new = old.copy()  # not dict(old): dynamo traces that through a polyfill that adds guards
     if len(path) == 1:
         new[head] = entry(full, value, batch_size, device, type(node)._root)
     else:
@@ -192,12 +190,16 @@ def _chain(
 ) -> Node:
     """New nodes, one per part of ``path``, holding ``value`` at its end: what ``_set_path`` makes below
     a missing key, built bottom up with one key per node (already sorted, the device found once)."""
-    data, found = settle_device({path[-1]: entry(full, value, batch_size, device, cls._root)}, device)
-    node = make(cls, data, batch_size, found)
-    # settle_device of a lone sub-node: the parent's device, else the sub-node's (the same at every level)
-    dev = device if device is not None else found
+    data = {path[-1]: entry(full, value, batch_size, device, cls._root)}
+    # the parent's device, else the one settle_device finds for the value (the same at every level);
+    # with a device, entry() moved the value there: nothing to settle
+    dev = device
+    if device is None:
+        data, dev = settle_device(data, device)
+    node = make(cls, data, batch_size, dev)
     tags = cls._tags
-    for part in reversed(path[:-1]):
+    # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
+    for part in path[-2::-1]:
         # make() inlined (a deep new path makes one node per level)
         parent = object.__new__(cls)
         object.__setattr__(parent, "_data", {part: node})
@@ -237,7 +239,7 @@ def _update(node: Node, source: Mapping[str, Any] | Node, prefix: tuple[str, ...
     if isinstance(source, Node):
         trusted = source._meta[1] == batch_size and source._meta[2] == device
         source = source._data
-    new = dict(old)
+    new = old.copy()
     for k, v in source.items():
         current = old.get(k)
         if isinstance(current, Node) and isinstance(v, (Node, Mapping)):
@@ -310,7 +312,7 @@ def _select_keys(node: Node, keys: tuple[NestedKey, ...], strict: bool) -> Node:
 
 
 def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> Node:
-    data = dict(node._data)
+    data = node._data.copy()
     for k, sub in trie.items():
         v = data.get(k, MISSING)
         if v is MISSING:

@@ -189,7 +189,9 @@ def _any_tagged(args: tuple, kwargs: dict) -> bool:
             for item in arg:
                 if isinstance(item, Node) and item._meta[3]:
                     return True
-    return bool(kwargs) and _any_tagged(tuple(kwargs.values()), {})
+    if kwargs:  # not bool(kwargs) and ...: compiled code would guard on the builtin
+        return _any_tagged(tuple(kwargs.values()), {})
+    return False
 
 
 def tag_rule(fn: F) -> F:

@@ -85,7 +85,7 @@ def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
     """A new dict of ``source`` with tuple keys expanded into nested dicts (str keys checked);
     ``source`` and the mappings in it are never changed."""
     if {*map(type, source)} <= _STR:
-        return dict(source)
+        return {**source}  # not dict(source): dynamo traces that through a polyfill that adds guards
     out: dict[str, Any] = {}
     made = {id(out)}
     for key, value in source.items():

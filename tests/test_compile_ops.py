@@ -10,6 +10,7 @@ import torch
 
 import tdtree as tt
 from tdtree import TensorDict
+from tdtree.nn import TDModule, TDSequential
 from tdtree.testing import assert_equal
 
 
@@ -57,3 +58,28 @@ def test_tensor_on_the_left_and_reduction_compile():
 
 def test_torch_stack_of_nodes_compiles():
     check_compiled(lambda td: torch.stack([td, td], 0), flat(), "eager")
+
+
+def _seq() -> TDSequential:
+    ident = torch.nn.Identity()
+    return TDSequential(TDModule(ident, "a", "h"), TDModule(ident, "h", ("c", "d")), selected_out_keys=[("c", "d")])
+
+
+# Each editor with a tensor op beside it (dynamo keeps no guards for a frame without a graph).
+EDITORS: dict[str, Callable[[TensorDict], Any]] = {
+    "set-new-nested-key": lambda td: td.set(("c", "d"), td["a"] * 2),
+    "setdefault": lambda td: td.setdefault(("c", "d"), td["a"] * 2),
+    "update-dict": lambda td: td.update({"e": td["a"] * 2, ("sub", "f"): td["a"]}),
+    "rename": lambda td: (td.rename({"a": ("z", "q")}), td["a"] * 2),
+    "exclude": lambda td: (td.exclude("a", ("sub", "c")), td["a"] * 2),
+    "tdsequential": lambda td, seq=_seq(): seq(td).set("e", td["a"] * 2),
+}
+
+
+@pytest.mark.parametrize("name", EDITORS)
+def test_compiled_editors_guard_nothing_of_dynamo_polyfills(name):
+    # dict(x), reversed(...) and typing.cast in traced code make dynamo trace its polyfills and
+    # guard on them (and on the builtins), which every call of the compiled function then pays.
+    guards = {g.name for g in torch._dynamo.explain(EDITORS[name])(nested()).out_guards}
+    assert guards, "no graph: nothing was checked"
+    assert not [g for g in guards if "polyfills" in g or g.endswith((".cast", "['reversed']"))]

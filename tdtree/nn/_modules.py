@@ -9,7 +9,7 @@ a TDModule, ``"0"``, ``"1"``, ... for the members of a TDSequential), and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 from torch import nn
 
 from .. import _keyops
@@ -157,7 +157,8 @@ class TDSequential(nn.Module):
         for module in self._modules.values():
             out = module(out)
         if self._drop:
-            drop = [q for q in map(self._dropped, self._drop, (td,) * len(self._drop)) if q is not None]
+            dropped = [self._dropped(path, td) for path in self._drop]
+            drop = [q for q in dropped if q is not None]
             if drop:
                 out = _keyops.exclude(out, *drop, strict=False)
         return out
@@ -177,7 +178,8 @@ class TDSequential(nn.Module):
         return None
 
     def _members(self) -> list[nn.Module]:
-        return cast("list[nn.Module]", list(self._modules.values()))
+        # a comprehension, not cast(list(...)): compiled code would guard on typing.cast
+        return [m for m in self._modules.values() if m is not None]
 
     def __getitem__(self, index: int) -> nn.Module:
         """The member at position ``index``."""
