@@ -11,11 +11,11 @@ spelling and traces node construction with it.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
-__all__ = ["Node", "make", "from_meta", "sorted_data", "leaf_or_node"]
+__all__ = ["Node", "NodeT", "make", "from_meta", "sorted_data", "leaf_or_node"]
 
 
 class Node:
@@ -23,7 +23,7 @@ class Node:
 
     __slots__ = ("_data", "_meta")
     _tags: ClassVar[frozenset] = frozenset()
-    _root: ClassVar[type]
+    _root: ClassVar[type[Node]]
     _data: dict[str, Any]
     _meta: tuple[tuple[str, ...], torch.Size, torch.device | None, frozenset]
 
@@ -47,7 +47,11 @@ class Node:
         raise TypeError(f"{type(self).__name__} is immutable: use .exclude(key) for a node without it")
 
 
-def make(cls: type, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
+# An operation's result is a node of its input's root type (its tags may differ): ``view(td: NodeT) -> NodeT``.
+NodeT = TypeVar("NodeT", bound=Node)
+
+
+def make(cls: type[Node], data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
     """Build a node of type ``cls`` from ``data`` already in canonical key order."""
     node = object.__new__(cls)
     object.__setattr__(node, "_data", data)
@@ -55,7 +59,7 @@ def make(cls: type, data: dict[str, Any], batch_size: torch.Size, device: torch.
     return node
 
 
-def from_meta(cls: type, meta: tuple, values: Any) -> Any:
+def from_meta(cls: type[Node], meta: tuple, values: Any) -> Any:
     """Build a node from pytree metadata and children (the unflatten path)."""
     node = object.__new__(cls)
     object.__setattr__(node, "_data", dict(zip(meta[0], values)))

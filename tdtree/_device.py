@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, make
+from ._base import Node, NodeT, make
 from ._maps import flat, map_leaves
 from ._tags import storage_key, tag_rule
 
@@ -36,15 +36,15 @@ def _parse(args: tuple[Any, ...], device: Any, dtype: Any) -> tuple[torch.device
     return (None if device is None else torch.device(device)), dtype
 
 
-def _moved(node: Node, device: torch.device, leaf_fn: Any) -> Node:
+def _moved(node: NodeT, device: torch.device, leaf_fn: Any) -> NodeT:
     data = {k: _moved(v, device, leaf_fn) if isinstance(v, Node) else leaf_fn(v) for k, v in node._data.items()}
     return make(type(node), data, node._meta[1], device)
 
 
 @tag_rule
 def to(
-    node: Node, *args: Any, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False
-) -> Node:
+    node: NodeT, *args: Any, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False
+) -> NodeT:
     """Every leaf through ``Tensor.to(device, dtype, non_blocking)``.
 
     Accepts ``to(device)``, ``to(dtype)``, ``to(device, dtype)`` and the same as
@@ -59,13 +59,13 @@ def to(
 
 
 @tag_rule
-def cpu(node: Node) -> Node:
+def cpu(node: NodeT) -> NodeT:
     """``to("cpu")``: tags kept when already there."""
     return to(node, torch.device("cpu"))
 
 
 @tag_rule
-def cuda(node: Node, device: int | torch.device | str | None = None, non_blocking: bool = False) -> Node:
+def cuda(node: NodeT, device: int | torch.device | str | None = None, non_blocking: bool = False) -> NodeT:
     """``to(device)`` for a CUDA ``device`` (None: ``"cuda"``, the current one); tags kept when already there."""
     if device is None:
         device = torch.device("cuda")
@@ -75,7 +75,7 @@ def cuda(node: Node, device: int | torch.device | str | None = None, non_blockin
 
 
 @tag_rule
-def pin_memory(node: Node) -> Node:
+def pin_memory(node: NodeT) -> NodeT:
     """Every leaf in page-locked memory (``Tensor.pin_memory``); needs an accelerator.
 
     Returns a new node on the same device; tags dropped (pinning copies),
@@ -85,7 +85,7 @@ def pin_memory(node: Node) -> Node:
 
 
 @tag_rule
-def contiguous(node: Node) -> Node:
+def contiguous(node: NodeT) -> NodeT:
     """Every leaf contiguous: contiguous leaves are reused, others copied. Tags follow the rule
     (a node that is contiguous already keeps them)."""
     return map_leaves(torch.Tensor.contiguous, node)
@@ -94,7 +94,7 @@ def contiguous(node: Node) -> Node:
 def nbytes(node: Node) -> int:
     """The bytes of the distinct storages the leaves use: views of one storage count once,
     and a storage counts whole even when a leaf views only part of it."""
-    seen: set[tuple[torch.device, int]] = set()
+    seen: set[int] = set()
     total = 0
     for leaf in flat(node)[0]:
         key = storage_key(leaf)

@@ -14,11 +14,11 @@ views and keeps them; index tensors and masks copy and drop them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generic
 
 import torch
 
-from ._base import Node
+from ._base import Node, NodeT
 from ._inplace import _broadcasts
 from ._keyops import check_unlocked, walk
 from ._maps import flat, rebuild, unflat
@@ -210,7 +210,7 @@ def _result_size(kept: list[Any]) -> torch.Size:
 
 
 @tag_rule
-def getitem(node: Node, index: Any) -> Node:
+def getitem(node: NodeT, index: Any) -> NodeT:
     """``node[index]`` over the batch dims, as torch indexes a tensor; tags kept when leaves are views."""
     leaf_index, new = normalize(node._meta[1], index)
     if len(leaf_index) == 1:
@@ -293,7 +293,7 @@ def _put(leaf: torch.Tensor, index: tuple[Any, ...], value: Any) -> torch.Tensor
 
 
 @tag_rule
-def scatter(node: Node, index: Any, value: Any) -> Node:
+def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     """A new node equal to ``node`` with ``value`` written at ``index`` of the batch dims; the input is untouched.
 
     ``value``: a node with the same keys shaped like ``node[index]``, or a
@@ -305,7 +305,7 @@ def scatter(node: Node, index: Any, value: Any) -> Node:
     return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
 
 
-def scatter_(node: Node, index: Any, value: Any) -> Node:
+def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
     """Write ``value`` into ``node``'s leaves at ``index`` in place and return ``node`` itself (tags kept).
 
     Not under :func:`tag_rule`: the result is the input object, not a new node
@@ -318,35 +318,35 @@ def scatter_(node: Node, index: Any, value: Any) -> Node:
     return node
 
 
-class AtIndex:
+class AtIndex(Generic[NodeT]):
     """``td.at[idx]``: ``get()`` is ``td[idx]``, ``set(v)`` a new node, ``set_(v)`` an in-place write."""
 
     __slots__ = ("_node", "_index")
 
-    def __init__(self, node: Node, index: Any) -> None:
+    def __init__(self, node: NodeT, index: Any) -> None:
         self._node = node
         self._index = index
 
-    def get(self) -> Node:
+    def get(self) -> NodeT:
         """``td[idx]``."""
         return getitem(self._node, self._index)
 
-    def set(self, value: Any) -> Node:
+    def set(self, value: Any) -> NodeT:
         """A new node with ``value`` at ``idx``; refused on Locked nodes; tags dropped."""
         return scatter(self._node, self._index, value)
 
-    def set_(self, value: Any) -> Node:
+    def set_(self, value: Any) -> NodeT:
         """Write ``value`` at ``idx`` in place; returns the node."""
         return scatter_(self._node, self._index, value)
 
 
-class At:
+class At(Generic[NodeT]):
     """``td.at``: index it (``td.at[idx]``) for the scatter operations."""
 
     __slots__ = ("_node",)
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeT) -> None:
         self._node = node
 
-    def __getitem__(self, index: Any) -> AtIndex:
+    def __getitem__(self, index: Any) -> AtIndex[NodeT]:
         return AtIndex(self._node, index)

@@ -27,7 +27,7 @@ import optree
 import torch
 from torch import Tensor
 
-from ._base import Node
+from ._base import Node, NodeT
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
@@ -208,7 +208,7 @@ def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]
             out.add(current, _checked("update_", path, current, v))
 
 
-def update_(node: Node, other: Mapping[Any, Any] | Node) -> Node:
+def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     """Write the values of ``other`` into the leaves at their keys; returns ``node`` itself.
 
     Every key of ``other`` must exist (nested mappings and nodes address
@@ -262,7 +262,7 @@ def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], same: bool, ou
             out.add(leaf, _checked("copy_", path, leaf, value, exact_shape=True))
 
 
-def copy_(node: Node, other: Node) -> Node:
+def copy_(node: NodeT, other: Node) -> NodeT:
     """Write every leaf of ``other`` into the leaf at the same key; returns ``node`` itself.
 
     ``other`` must have the same keys (at every level) and leaves of the same
@@ -280,15 +280,17 @@ def copy_(node: Node, other: Node) -> Node:
     return node
 
 
-def zero_(node: Node) -> Node:
+def zero_(node: NodeT) -> NodeT:
     """Set every leaf to zero in place; returns ``node`` itself. Works on Locked nodes."""
-    leaves = optree.tree_leaves(node, namespace=NAMESPACE)
+    # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
+    # which mypy reads as a class that no actual tree (tuple, node) is an instance of
+    leaves: list[torch.Tensor] = optree.tree_leaves(node, namespace=NAMESPACE)  # type: ignore[arg-type]
     if leaves:
         torch._foreach_zero_(leaves)
     return node
 
 
-def fill_(node: Node, key: NestedKey, value: Any) -> Node:
+def fill_(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     """Fill the leaf at ``key`` (every leaf below it, for a sub-node) with ``value``; returns ``node``.
 
     ``value`` is a Python number or a 0-dim tensor of the leaf's dtype and

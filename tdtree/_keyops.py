@@ -7,12 +7,12 @@ and tensor.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Collection, Iterator, KeysView, Mapping
 from typing import Any
 
 import torch
 
-from ._base import Node, make, sorted_data
+from ._base import Node, NodeT, make, sorted_data
 from ._keys import NestedKey, as_path, display
 from ._tags import Locked, tag_rule
 from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
@@ -123,7 +123,7 @@ class NestedKeysView(KeysView):
     def __contains__(self, key: object) -> bool:
         if type(key) is tuple and len(key) > 1 and not self._nested:
             return False
-        value = get(self._node, key, _ABSENT) if type(key) in (str, tuple) and key else _ABSENT
+        value = get(self._node, key, _ABSENT) if (type(key) is str or type(key) is tuple) and key else _ABSENT
         return value is not _ABSENT and not (self._leaves and isinstance(value, Node))
 
     def __iter__(self) -> Iterator[NestedKey]:
@@ -143,21 +143,21 @@ def keys(node: Node, include_nested: bool = False, leaves_only: bool = False) ->
     return NestedKeysView(node, include_nested, leaves_only)
 
 
-def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> ValuesView[Any]:
+def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Collection[Any]:
     """Values in the order of :meth:`keys` with the same flags."""
     if not include_nested and not leaves_only:
         return node._data.values()
     return [v for _, v in walk(node, include_nested, leaves_only)]
 
 
-def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> ItemsView[NestedKey, Any]:
+def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Collection[tuple[NestedKey, Any]]:
     """(key, value) pairs in the order of :meth:`keys` with the same flags."""
     if not include_nested and not leaves_only:
         return node._data.items()
     return walk(node, include_nested, leaves_only)
 
 
-def _set_path(node: Node, path: tuple[str, ...], full: tuple[str, ...], value: Any) -> Node:
+def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: Any) -> NodeT:
     head = path[0]
     old = node._data
     _, batch_size, device, _ = node._meta
@@ -209,7 +209,7 @@ def _chain(
 
 
 @tag_rule
-def set_entry(node: Node, key: NestedKey, value: Any) -> Node:
+def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     """A new node with ``value`` at ``key``; missing intermediate nodes are created.
 
     Refused on a Locked node. Tags: kept only when ``value`` uses a storage the
@@ -221,7 +221,7 @@ def set_entry(node: Node, key: NestedKey, value: Any) -> Node:
 
 
 @tag_rule
-def setdefault(node: Node, key: NestedKey, default: Any) -> Node:
+def setdefault(node: NodeT, key: NestedKey, default: Any) -> NodeT:
     """The node itself when ``key`` exists, else ``set(key, default)``. Refused on a Locked node."""
     check_unlocked(node, "setdefault")
     path = as_path(key)
@@ -230,7 +230,7 @@ def setdefault(node: Node, key: NestedKey, default: Any) -> Node:
     return _set_path(node, path, path, default)
 
 
-def _update(node: Node, source: Mapping[str, Any] | Node, prefix: tuple[str, ...]) -> Node:
+def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ...]) -> NodeT:
     old = node._data
     _, batch_size, device, _ = node._meta
     # A node with this batch size and device was checked against both when it was built (and holds
@@ -253,7 +253,7 @@ def _update(node: Node, source: Mapping[str, Any] | Node, prefix: tuple[str, ...
 
 
 @tag_rule
-def update(node: Node, other: Mapping[Any, Any] | Node) -> Node:
+def update(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     """A new node with the entries of ``other`` set; nested mappings merge into existing sub-nodes.
 
     Refused on a Locked node. Tags follow the rule.
@@ -276,7 +276,7 @@ def _trie(paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
     return trie
 
 
-def _select(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> Node:
+def _select(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> NodeT:
     data = {}
     for k, sub in trie.items():
         v = node._data.get(k, MISSING)
@@ -294,7 +294,7 @@ def _select(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, .
     return make(type(node), sorted_data(data), batch_size, device)
 
 
-def select(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
+def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     """A node with only ``keys`` (a union: a key and its sub-keys keep the whole key).
 
     Missing keys raise KeyNotFoundError when ``strict``, else are ignored.
@@ -307,11 +307,11 @@ def select(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
 
 
 @tag_rule
-def _select_keys(node: Node, keys: tuple[NestedKey, ...], strict: bool) -> Node:
+def _select_keys(node: NodeT, keys: tuple[NestedKey, ...], strict: bool) -> NodeT:
     return _select(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
-def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> Node:
+def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> NodeT:
     data = node._data.copy()
     for k, sub in trie.items():
         v = data.get(k, MISSING)
@@ -330,13 +330,13 @@ def _exclude(node: Node, trie: dict[str, Any], strict: bool, prefix: tuple[str, 
 
 
 @tag_rule
-def exclude(node: Node, *keys: NestedKey, strict: bool = True) -> Node:
+def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
     return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
 @tag_rule
-def rename(node: Node, mapping: Mapping[NestedKey, NestedKey]) -> Node:
+def rename(node: NodeT, mapping: Mapping[NestedKey, NestedKey]) -> NodeT:
     """A node with each key ``old`` of ``mapping`` moved to ``new``.
 
     A ``new`` key that exists and is not renamed away raises KeyCollisionError.
@@ -357,7 +357,7 @@ def rename(node: Node, mapping: Mapping[NestedKey, NestedKey]) -> Node:
 
 
 @tag_rule
-def flatten_keys(node: Node, sep: str = ".") -> Node:
+def flatten_keys(node: NodeT, sep: str = ".") -> NodeT:
     """A flat node whose keys join the nested keys with ``sep``; empty sub-nodes stay as entries.
 
     Leaves move to the root's batch size (extra batch dims of sub-nodes are not
@@ -394,7 +394,7 @@ class _Pending:
         self.data, self.batch_size, self.device = data, batch_size, device
 
 
-def _unflatten(node: Node, sep: str) -> Node:
+def _unflatten(node: NodeT, sep: str) -> NodeT:
     _, batch_size, device, _ = node._meta
     top = _Pending({}, batch_size, device)
     # Levels by their joined prefix, so each key finds its parent in one lookup.
@@ -442,7 +442,7 @@ def _unflatten(node: Node, sep: str) -> Node:
             raise KeyCollisionError(f"unflatten_keys: {k!r} is a leaf and other keys need it to be a node")
     cls = type(node)
 
-    def finish(p: _Pending) -> Node:
+    def finish(p: _Pending) -> NodeT:
         data = {k: finish(v) if isinstance(v, _Pending) else v for k, v in p.data.items()}
         return make(cls, sorted_data(data), p.batch_size, p.device)
 
@@ -450,7 +450,7 @@ def _unflatten(node: Node, sep: str) -> Node:
 
 
 @tag_rule
-def unflatten_keys(node: Node, sep: str = ".") -> Node:
+def unflatten_keys(node: NodeT, sep: str = ".") -> NodeT:
     """The inverse of :func:`flatten_keys`: keys split on ``sep`` become nested keys. Tags are kept.
 
     A leaf ``"a"`` beside a key ``"a.b"`` raises KeyCollisionError naming both.
@@ -487,7 +487,7 @@ def _leaf_shapes(data: Mapping[str, Any]) -> list[tuple[int, ...]]:
     return shapes
 
 
-def _auto(root: type, data: Mapping[str, Any], parent: torch.Size, device: torch.device | None) -> Node:
+def _auto(root: type[NodeT], data: Mapping[str, Any], parent: torch.Size, device: torch.device | None) -> NodeT:
     shapes = _leaf_shapes(data)
     batch_size = torch.Size(_common_prefix(shapes)) if shapes else parent
     resolved = {
@@ -497,7 +497,7 @@ def _auto(root: type, data: Mapping[str, Any], parent: torch.Size, device: torch
     return build(root, resolved, batch_size, device)
 
 
-def from_dict(root: type, data: Mapping[Any, Any], batch_size: Any = None, device: Any = None) -> Node:
+def from_dict(root: type[NodeT], data: Mapping[Any, Any], batch_size: Any = None, device: Any = None) -> NodeT:
     """A validated node from nested mappings.
 
     ``batch_size=None`` infers, at each level, the longest common prefix of the

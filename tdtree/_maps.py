@@ -8,7 +8,7 @@ from typing import Any
 import optree
 import torch
 
-from ._base import Node, make
+from ._base import Node, NodeT, make
 from ._keyops import walk
 from ._keys import display
 from ._pytree import NAMESPACE
@@ -71,7 +71,9 @@ def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
 def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:
     """``fn`` applied to every leaf (and the matching leaves of ``others``); same structure."""
     if others:
-        return optree.tree_map(fn, node, *others, namespace=NAMESPACE)
+        # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
+        # which mypy reads as a class that no actual tree (tuple, node) is an instance of
+        return optree.tree_map(fn, node, *others, namespace=NAMESPACE)  # type: ignore[arg-type]
     return _mapped(fn, node)
 
 
@@ -144,14 +146,14 @@ def paired_leaves(what: str, node: Node, spec: Node, other: Node, skip: int | No
     return leaves(other)
 
 
-def _copy_nodes(node: Node) -> Node:
+def _copy_nodes(node: NodeT) -> NodeT:
     data = {k: _copy_nodes(v) if isinstance(v, Node) else v for k, v in node._data.items()}
     _, batch_size, device, _ = node._meta
     return make(type(node), data, batch_size, device)
 
 
 @tag_rule
-def clone(node: Node, recurse: bool = True) -> Node:
+def clone(node: NodeT, recurse: bool = True) -> NodeT:
     """A copy: with ``recurse`` every leaf is cloned (tags dropped, new storage);
     without it only the node objects are new and the leaves are shared (tags kept)."""
     if recurse:
@@ -201,7 +203,7 @@ def _finish(node: Node, spec: Node, out: list[Any], batch_size: Any) -> Any:
 
 
 @tag_rule
-def apply(node: Node, fn: Callable[..., torch.Tensor], *others: Node, batch_size: Any = None) -> Node:
+def apply(node: NodeT, fn: Callable[..., torch.Tensor], *others: Node, batch_size: Any = None) -> NodeT:
     """A node with ``fn(leaf, *matching leaves of others)`` at every leaf.
 
     ``others`` are nodes paired with ``node`` by key whatever their tags
@@ -216,7 +218,7 @@ def apply(node: Node, fn: Callable[..., torch.Tensor], *others: Node, batch_size
 
 
 @tag_rule
-def named_apply(node: Node, fn: Callable[..., torch.Tensor], *others: Node, batch_size: Any = None) -> Node:
+def named_apply(node: NodeT, fn: Callable[..., torch.Tensor], *others: Node, batch_size: Any = None) -> NodeT:
     """Like :func:`apply` with ``fn(key, leaf, *others' leaves)``.
 
     ``key`` is spelled as in ``keys(include_nested=True)``: a str at the top

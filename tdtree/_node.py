@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -53,6 +53,7 @@ class TensorDict(Node):
     """
 
     __slots__ = ()
+    _root: ClassVar[type[TensorDict]]  # a TensorDict's root is TensorDict or a subclass of it
     # Set in the body, not after: registration (pytree names, tagged variants) happens at class creation.
     __module__ = "tdtree"
 
@@ -462,7 +463,7 @@ class TensorDict(Node):
     # -- indexing and scatter (_index.py) ------------------------------------------------
 
     @property
-    def at(self) -> _index.At:
+    def at(self) -> _index.At[TensorDict]:
         """``td.at[idx].set(v)``: a new node with ``v`` written at ``idx`` (drops tags; refused when Locked);
         ``td.at[idx].set_(v)``: writes in place and returns ``td`` (keeps tags); ``td.at[idx].get()``: ``td[idx]``."""
         return _index.At(self)

@@ -20,14 +20,17 @@ from __future__ import annotations
 import numbers
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ._base import Node
+from ._base import Node, NodeT
 from ._maps import flat, paired_leaves, rebuild, unflat
 from ._tags import tag_rule
 from .errors import BatchDimError, BatchSizeError
+
+if TYPE_CHECKING:
+    from ._node import TensorDict
 
 __all__ = [
     "add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv", "rfloordiv",
@@ -129,8 +132,8 @@ gt = _binary("gt", operator.gt, None, False)
 ge = _binary("ge", operator.ge, None, False)
 
 
-def _unary(name: str, foreach: Callable[..., Any]) -> Callable[[Node], Node]:
-    def fn(node: Node) -> Node:
+def _unary(name: str, foreach: Callable[..., Any]) -> Callable[[NodeT], NodeT]:
+    def fn(node: NodeT) -> NodeT:
         leaves, spec = flat(node)
         return unflat(spec, foreach(leaves) if leaves else leaves)
 
@@ -150,14 +153,15 @@ sign = _unary("sign", torch._foreach_sign)
 
 
 @tag_rule
-def clamp(node: Node, min: float | None = None, max: float | None = None) -> Node:  # noqa: A002
+def clamp(node: NodeT, min: float | None = None, max: float | None = None) -> NodeT:  # noqa: A002
     """``torch.clamp(leaf, min, max)`` for every leaf. Returns a new node; tags dropped."""
     leaves, spec = flat(node)
     return unflat(spec, [torch.clamp(x, min, max) for x in leaves])
 
 
+# Typed TensorDict, not NodeT: the result takes the type of whichever of three arguments is the first node.
 @tag_rule
-def where(condition: Node | torch.Tensor, input: Any, other: Any) -> Node:  # noqa: A002
+def where(condition: Node | torch.Tensor, input: Any, other: Any) -> TensorDict:  # noqa: A002
     """``torch.where(condition, input, other)`` leaf by leaf.
 
     Each of the three is a node (paired by key), a tensor (aligned with the
@@ -199,8 +203,14 @@ def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Siz
     return tuple(sorted(out))
 
 
-def _reduction(name: str, torch_fn: Callable[..., torch.Tensor]) -> Callable[..., Node]:
-    def fn(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Node:
+class _Reduction(Protocol):
+    """A reduction's signature, generic in the node type (``Callable[..., T]`` cannot say that with defaults)."""
+
+    def __call__(self, node: NodeT, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> NodeT: ...
+
+
+def _reduction(name: str, torch_fn: Callable[..., torch.Tensor]) -> _Reduction:
+    def fn(node: NodeT, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> NodeT:
         batch_size = node._meta[1]
         dims = batch_dims(name, dim, batch_size)
         if keepdim:

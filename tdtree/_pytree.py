@@ -90,8 +90,10 @@ def register(cls: type) -> None:
         tags = frozenset(tag_named(n) for n in ctx["tags"])
         return (tuple(ctx["keys"]), torch.Size(ctx["batch_size"]), device, tags)
 
+    # optree's stub is wrong here: it types the functions as taking any Collection and any Hashable
+    # metadata, but optree calls them only with instances of ``cls`` and the metadata _flatten made
     optree.register_pytree_node(
-        cls, _flatten, unflatten, path_entry_type=optree.MappingEntry, namespace=NAMESPACE
+        cls, _flatten, unflatten, path_entry_type=optree.MappingEntry, namespace=NAMESPACE  # type: ignore[arg-type]
     )
     torch_pytree.register_pytree_node(
         cls,

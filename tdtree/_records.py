@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from . import _keyops
-from ._base import Node
+from ._base import Node, NodeT
 from ._keys import display
 
 __all__ = ["from_dataclass", "from_namedtuple", "to_namedtuple"]
@@ -53,7 +53,7 @@ def _fields(obj: Any, path: tuple[str, ...] = ()) -> dict[str, Any]:
     return out
 
 
-def from_dataclass(root: type, obj: Any, batch_size: Any = None, device: Any = None) -> Node:
+def from_dataclass(root: type[NodeT], obj: Any, batch_size: Any = None, device: Any = None) -> NodeT:
     """An untagged node with one entry per field of the dataclass instance ``obj``.
 
     Nested dataclass and named-tuple fields become nested nodes; other fields
@@ -66,7 +66,7 @@ def from_dataclass(root: type, obj: Any, batch_size: Any = None, device: Any = N
     return _keyops.from_dict(root, _fields(obj), batch_size, device)
 
 
-def from_namedtuple(root: type, obj: Any, batch_size: Any = None, device: Any = None) -> Node:
+def from_namedtuple(root: type[NodeT], obj: Any, batch_size: Any = None, device: Any = None) -> NodeT:
     """An untagged node with one entry per field of the named tuple ``obj``; as :func:`from_dataclass`."""
     if not _is_namedtuple(obj):
         raise TypeError(f"from_namedtuple takes a named tuple instance, got {type(obj).__name__}")

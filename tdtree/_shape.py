@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, make
+from ._base import Node, NodeT, make
 from ._maps import rebuild
 from ._tags import tag_rule
 from .errors import BatchDimError, BatchSizeError
@@ -83,7 +83,7 @@ def _infer(batch: torch.Size, shape: tuple[int, ...], op: str) -> torch.Size:
 
 
 @tag_rule
-def view(node: Node, *shape: Any) -> Node:
+def view(node: NodeT, *shape: Any) -> NodeT:
     """A node whose batch dims are viewed as ``shape`` (-1 allowed); leaves are views, tags kept."""
     batch = node._meta[1]
     new = _infer(batch, _shape_arg(shape), "view")
@@ -92,7 +92,7 @@ def view(node: Node, *shape: Any) -> Node:
 
 
 @tag_rule
-def reshape(node: Node, *shape: Any) -> Node:
+def reshape(node: NodeT, *shape: Any) -> NodeT:
     """A node whose batch dims are reshaped to ``shape`` (-1 allowed); tags kept exactly when leaves are views."""
     batch = node._meta[1]
     new = _infer(batch, _shape_arg(shape), "reshape")
@@ -101,7 +101,7 @@ def reshape(node: Node, *shape: Any) -> Node:
 
 
 @tag_rule
-def permute(node: Node, *dims: Any) -> Node:
+def permute(node: NodeT, *dims: Any) -> NodeT:
     """A node with the batch dims reordered as ``dims`` (a permutation of them); views, tags kept."""
     batch = node._meta[1]
     n = len(batch)
@@ -116,7 +116,7 @@ def permute(node: Node, *dims: Any) -> Node:
 
 
 @tag_rule
-def transpose(node: Node, dim0: int, dim1: int) -> Node:
+def transpose(node: NodeT, dim0: int, dim1: int) -> NodeT:
     """A node with batch dims ``dim0`` and ``dim1`` swapped; views, tags kept."""
     d0 = batch_dim(node, dim0, "transpose")
     d1 = batch_dim(node, dim1, "transpose")
@@ -126,7 +126,7 @@ def transpose(node: Node, dim0: int, dim1: int) -> Node:
 
 
 @tag_rule
-def squeeze(node: Node, dim: int | Sequence[int] | None = None) -> Node:
+def squeeze(node: NodeT, dim: int | Sequence[int] | None = None) -> NodeT:
     """A node without the batch dims of size 1 (all, or those in ``dim``; others are left); views, tags kept."""
     batch = node._meta[1]
     if dim is None:
@@ -145,7 +145,7 @@ def squeeze(node: Node, dim: int | Sequence[int] | None = None) -> Node:
 
 
 @tag_rule
-def unsqueeze(node: Node, dim: int) -> Node:
+def unsqueeze(node: NodeT, dim: int) -> NodeT:
     """A node with a batch dim of size 1 inserted at ``dim`` (in [-ndim-1, ndim]); views, tags kept."""
     d = batch_dim(node, dim, "unsqueeze", extra=1)
     batch = node._meta[1]
@@ -153,7 +153,7 @@ def unsqueeze(node: Node, dim: int) -> Node:
 
 
 @tag_rule
-def flatten(node: Node, start_dim: int = 0, end_dim: int = -1) -> Node:
+def flatten(node: NodeT, start_dim: int = 0, end_dim: int = -1) -> NodeT:
     """A node with batch dims ``start_dim``..``end_dim`` merged into one; tags kept when leaves are views.
 
     As ``torch.flatten`` does for a 0-d tensor, a node with no batch dims gets
@@ -174,7 +174,7 @@ def flatten(node: Node, start_dim: int = 0, end_dim: int = -1) -> Node:
 
 
 @tag_rule
-def unflatten(node: Node, dim: int, sizes: Shape) -> Node:
+def unflatten(node: NodeT, dim: int, sizes: Shape) -> NodeT:
     """A node with batch dim ``dim`` split into ``sizes`` (one -1 allowed); views, tags kept."""
     d = batch_dim(node, dim, "unflatten")
     batch = node._meta[1]
@@ -184,7 +184,7 @@ def unflatten(node: Node, dim: int, sizes: Shape) -> Node:
 
 
 @tag_rule
-def expand(node: Node, *shape: Any) -> Node:
+def expand(node: NodeT, *shape: Any) -> NodeT:
     """A node whose batch dims are broadcast to ``shape`` (-1 keeps a dim; new dims lead); views, tags kept."""
     batch = node._meta[1]
     target = _shape_arg(shape)
@@ -209,8 +209,8 @@ def expand(node: Node, *shape: Any) -> Node:
 
 
 def _rebuild_many(
-    node: Node, leaf_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]], root_batches: Sequence[torch.Size]
-) -> tuple[Node, ...]:
+    node: NodeT, leaf_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]], root_batches: Sequence[torch.Size]
+) -> tuple[NodeT, ...]:
     """One node per entry of ``root_batches``, from one walk calling ``leaf_fn`` once per leaf.
 
     ``leaf_fn`` returns one tensor per result; sub-nodes keep their extra batch
@@ -236,7 +236,7 @@ def _rebuild_many(
 
 
 @tag_rule
-def unbind(node: Node, dim: int = 0) -> tuple[Node, ...]:
+def unbind(node: NodeT, dim: int = 0) -> tuple[NodeT, ...]:
     """A tuple of nodes, one per index along batch dim ``dim``, without that dim; views, tags kept."""
     d = batch_dim(node, dim, "unbind")
     batch = node._meta[1]
@@ -254,14 +254,14 @@ def _split_sizes(length: int, size: int, dim: int) -> list[int]:
     return [size] * (count - 1) + [length - size * (count - 1)]
 
 
-def _sections(node: Node, d: int, sizes: Sequence[int]) -> tuple[Node, ...]:
+def _sections(node: NodeT, d: int, sizes: Sequence[int]) -> tuple[NodeT, ...]:
     batch = node._meta[1]
     roots = [torch.Size((*batch[:d], s, *batch[d + 1 :])) for s in sizes]
     return _rebuild_many(node, lambda x: x.split_with_sizes(sizes, d), roots)
 
 
 @tag_rule
-def split(node: Node, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Node, ...]:
+def split(node: NodeT, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[NodeT, ...]:
     """A tuple of nodes cut along batch dim ``dim`` as ``torch.split`` cuts a tensor; views, tags kept."""
     d = batch_dim(node, dim, "split")
     length = node._meta[1][d]
@@ -278,7 +278,7 @@ def split(node: Node, split_size_or_sections: int | Sequence[int], dim: int = 0)
 
 
 @tag_rule
-def chunk(node: Node, chunks: int, dim: int = 0) -> tuple[Node, ...]:
+def chunk(node: NodeT, chunks: int, dim: int = 0) -> tuple[NodeT, ...]:
     """A tuple of at most ``chunks`` nodes cut along batch dim ``dim`` as ``torch.chunk`` does; views, tags kept."""
     d = batch_dim(node, dim, "chunk")
     if chunks <= 0:

@@ -42,6 +42,8 @@ class Tag:
     """A claim a node makes about all of its leaves; compared by identity, sorted by name."""
 
     __slots__ = ("name", "claim")
+    name: str
+    claim: str
 
     def __init__(self, name: str, claim: str) -> None:
         object.__setattr__(self, "name", name)

@@ -76,7 +76,10 @@ def vmap(
     @functools.wraps(func)
     def mapped(*args: Any) -> Any:
         dims = _per_arg(in_dims, len(args), "in_dims")
-        leaves, spec = optree.tree_flatten(args, namespace=NAMESPACE)
+        # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
+        # which mypy reads as a class that no actual tree (tuple, node) is an instance of
+        leaves: list[Any]
+        leaves, spec = optree.tree_flatten(args, namespace=NAMESPACE)  # type: ignore[arg-type]
         leaf_dims: list[int | None] = []
         size: int | None = None
         # one flatten of all the arguments: each argument's leaf count comes from its part of the spec
@@ -90,10 +93,10 @@ def vmap(
         out_spec: list[optree.PyTreeSpec] = []
 
         def inner(*inner_leaves: Any) -> tuple[Any, ...]:
-            inner_args = optree.tree_unflatten(spec, inner_leaves)
+            given = optree.tree_unflatten(spec, inner_leaves)
             inner_args = tuple(
                 _drop(a, _batch_dim(a, d)) if d is not None and isinstance(a, Node) else a
-                for a, d in zip(inner_args, dims)
+                for a, d in zip(given, dims)
             )
             out_leaves, tree = optree.tree_flatten(func(*inner_args), namespace=NAMESPACE)
             out_spec.append(tree)
@@ -102,7 +105,7 @@ def vmap(
         flat_out = torch.func.vmap(
             inner, in_dims=tuple(leaf_dims), out_dims=0, randomness=randomness, chunk_size=chunk_size
         )(*leaves)
-        out = optree.tree_unflatten(out_spec[-1], flat_out)
+        out: Any = optree.tree_unflatten(out_spec[-1], flat_out)  # what func returned
         single = not isinstance(out, tuple)
         outs = (out,) if single else out
         odims = _per_arg(out_dims, len(outs), "out_dims")
@@ -120,6 +123,11 @@ def _restore(out: Any, dim: int, size: int | None) -> Any:
             if not -n <= dim < n:
                 raise ValueError(f"tdtree.vmap: out_dim {dim} is out of range for batch_size {tuple(batch_size)}")
             d = dim % n
+            if size is None:
+                raise TypeError(
+                    "tdtree.vmap: a node output needs the mapped size, which is read from a mapped node or "
+                    "tensor argument; the mapped arguments here are other containers (pass nodes or tensors)"
+                )
             return rebuild(x, lambda t: t.movedim(0, d), torch.Size((*batch_size[:d], size, *batch_size[d:])))
         return x.movedim(0, dim) if isinstance(x, torch.Tensor) else x
 

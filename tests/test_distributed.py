@@ -674,6 +674,15 @@ def test_checksum_detects_a_changed_byte() -> None:
     assert _crc(td.set(key, flipped)) != int(td["crc"])
 
 
+def test_point_to_point_without_a_process_group_raises() -> None:
+    # the tests' processes are spawned: this one never joins a process group
+    assert not dist.is_initialized()
+    td = tt.TensorDict({"a": torch.ones(2)}, [2])
+    for start in (ttd.isend, ttd.irecv):
+        with pytest.raises(ValueError, match="default process group is not initialized"):
+            start(td, 1)
+
+
 def test_uniform_leaves_pack_and_unpack_as_one_stack() -> None:
     """Leaves of one dtype and shape take the one-stack path; its bytes and node match the general path's."""
     import dataclasses

@@ -133,6 +133,9 @@ def test_tdtree_vmap_errors() -> None:
         tt.vmap(lambda x: x)(tt.TensorDict({"a": torch.randn(4)}))
     with pytest.raises(ValueError, match="in_dims has 2 entries for 1 values"):
         tt.vmap(lambda x: x, in_dims=(0, 0))(td)
+    # a list of tensors is mapped leaf by leaf, but no node or tensor argument tells a node output its size
+    with pytest.raises(TypeError, match="a node output needs the mapped size"):
+        tt.vmap(lambda xs: tt.TensorDict({"x": xs[0]}))([torch.ones(4, 2)])
 
 
 def _graph_breaks(fn, *args) -> int:

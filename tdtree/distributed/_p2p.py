@@ -111,6 +111,11 @@ def resolve(peer: int, group: Any) -> tuple[Any, int]:
     if group is not None:
         return group, dist.get_group_rank(group, peer)  # raises for a rank outside the group
     world = dist.group.WORLD
+    if world is None:
+        raise ValueError(
+            "tdtree.distributed: the default process group is not initialized; call "
+            "torch.distributed.init_process_group first"
+        )
     # the process group itself does not check ranks (gloo crashes on one out of range)
     if not 0 <= peer < world.size():
         raise ValueError(f"peer rank {peer} is not in the default group of {world.size()} processes")

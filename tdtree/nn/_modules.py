@@ -155,7 +155,8 @@ class TDSequential(nn.Module):
     def forward(self, td: Node) -> Node:
         out = td
         for module in self._modules.values():
-            out = module(out)
+            if module is not None:  # torch allows None children; the constructor adds none
+                out = module(out)
         if self._drop:
             dropped = [self._dropped(path, td) for path in self._drop]
             drop = [q for q in dropped if q is not None]

@@ -118,9 +118,9 @@ def _ids(module: nn.Module, out: list[int]) -> None:
     for tensor in module._parameters.values():
         if tensor is not None:
             out.append(id(tensor))
-    for tensor in module._buffers.values():
-        if tensor is not None:
-            out.append(id(tensor))
+    for buffer in module._buffers.values():
+        if buffer is not None:
+            out.append(id(buffer))
     for sub in module._modules.values():
         if sub is not None:
             _ids(sub, out)
