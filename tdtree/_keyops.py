@@ -28,6 +28,7 @@ __all__ = [
     "values",
     "items",
     "set_entry",
+    "set_path",
     "setdefault",
     "update",
     "select",
@@ -217,6 +218,18 @@ def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     """
     check_unlocked(node, "set")
     path = as_path(key)
+    return _set_path(node, path, path, value)
+
+
+def set_path(node: Node, path: tuple[str, ...], value: Any) -> Node:
+    """:func:`set_entry` for a ``path`` already checked by ``as_path`` (a module's out key): the same
+    node, tags and errors.
+
+    An untagged node needs no tag rule: it is not Locked, and a result of untagged inputs keeps no
+    tags (a node given as ``value`` comes back untagged from entry()), so the rule's wrapper is skipped.
+    """
+    if node._meta[3]:
+        return set_entry(node, path, value)
     return _set_path(node, path, path, value)
 
 

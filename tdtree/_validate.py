@@ -108,7 +108,8 @@ def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
 
 def _check_prefix(path: tuple[str, ...], shape: Sequence[int], batch_size: torch.Size, what: str) -> None:
     n = len(batch_size)
-    if shape[:n] == batch_size:
+    # every shape starts with the empty batch: no slice to build (most nodes have no batch dims)
+    if not n or shape[:n] == batch_size:
         return
     if len(shape) < n or tuple(shape[:n]) != tuple(batch_size):
         raise BatchSizeError(
