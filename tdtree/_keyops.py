@@ -178,8 +178,11 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
             new[head] = _set_path(child, path[1:], full, value)
     keys = node._meta[0]
     if head not in old and keys and head < keys[-1]:
-        # a new key before the last one needs a re-sort; one after it keeps dict order sorted
-        new = {k: new[k] for k in sorted(new)}
+        # A new key before the last one went in last: moving the keys after it behind it, in their
+        # (sorted) order, restores canonical order without sorting and rebuilding the whole dict.
+        for k in keys:
+            if k > head:
+                new[k] = new.pop(k)
     if device is None:  # with a device, entry() moved the value there: nothing to settle
         new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
