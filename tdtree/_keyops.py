@@ -33,6 +33,7 @@ __all__ = [
     "update",
     "select",
     "exclude",
+    "exclude_paths",
     "rename",
     "flatten_keys",
     "unflatten_keys",
@@ -349,6 +350,18 @@ def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str,
 def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
     return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
+
+
+def exclude_paths(node: Node, paths: list[tuple[str, ...]]) -> Node:
+    """``exclude(node, *paths, strict=False)`` for paths already checked by ``as_path`` (the keys a
+    module chain drops): the same node, tags kept.
+
+    An untagged node needs no tag rule (its result keeps no tags either way), so the rule's wrapper
+    is skipped.
+    """
+    if node._meta[3]:
+        return exclude(node, *paths, strict=False)
+    return _exclude(node, _trie(tuple(paths)), False, ())
 
 
 @tag_rule

@@ -186,7 +186,7 @@ class TDSequential(nn.Module):
             dropped = [_dropped(path, tops, td) for path, tops in self._drop]
             drop = [q for q in dropped if q is not None]
             if drop:
-                out = _keyops.exclude(out, *drop, strict=False)
+                out = _keyops.exclude_paths(out, drop)
         return out
 
     def _members(self) -> list[nn.Module]:
