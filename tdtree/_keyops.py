@@ -201,10 +201,10 @@ def _chain(
     dev = device
     if device is None:
         data, dev = settle_device(data, device)
-    node = make(cls, data, batch_size, dev)
+    node: Any = data[path[-1]]
     tags = cls._tags
     # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
-    for part in path[-2::-1]:
+    for part in path[::-1]:
         # make() inlined (a deep new path makes one node per level)
         parent = object.__new__(cls)
         object.__setattr__(parent, "_data", {part: node})
