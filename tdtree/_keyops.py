@@ -225,7 +225,7 @@ def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     return _set_path(node, path, path, value)
 
 
-def set_path(node: Node, path: tuple[str, ...], value: Any) -> Node:
+def set_path(node: NodeT, path: tuple[str, ...], value: Any) -> NodeT:
     """:func:`set_entry` for a ``path`` already checked by ``as_path`` (a module's out key): the same
     node, tags and errors.
 
@@ -352,7 +352,7 @@ def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
-def exclude_paths(node: Node, paths: list[tuple[str, ...]]) -> Node:
+def exclude_paths(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
     """``exclude(node, *paths, strict=False)`` for paths already checked by ``as_path`` (the keys a
     module chain drops): the same node, tags kept.
 
