@@ -483,3 +483,32 @@ def test_td_modules_follow_the_tag_rule() -> None:
     out = seq(td)
     assert out.tags == frozenset({tt.Shared}) and out["out"].tags == frozenset({tt.Shared})
     assert list(out.keys()) == ["meta", "out", "x"]
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x.sum()
+
+
+def test_tdmodule_outputs_equal_one_set_per_key_in_order() -> None:
+    class Three(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return x + 1, x * 2, x - 1
+
+    three = Three()
+    cpu = batch()
+    mixed = tt.TensorDict({"x": torch.ones(5, 3), "m": torch.zeros(5, device="meta")}, [5])
+    assert cpu.device == torch.device("cpu") and mixed.device is None
+    for td in (cpu, mixed):
+        for out_keys in (["z", "a", "n"], ["n", ("meta", "k"), "b"], ["x", "c", "a"]):
+            out = TDModule(three, "x", out_keys)(td)
+            want = td
+            for key, value in zip(out_keys, three(td["x"])):
+                want = want.set(key, value)
+            assert list(out.keys(include_nested=True)) == list(want.keys(include_nested=True))
+            assert out._meta[0] == tuple(want.keys()) and out.device == want.device
+            assert_equal(out, want)
+    with pytest.raises(tt.errors.BatchSizeError, match=r"entry 'b' has shape \(\)"):
+        TDModule(_Pair(), "x", ["a", "b"])(cpu)
+    with pytest.raises(LockedError):
+        TDModule(three, "x", ["a", "b", "c"])(cpu.lock())
