@@ -7,7 +7,7 @@ and tensor.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, KeysView, Mapping
+from collections.abc import Collection, Iterator, KeysView, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,10 +28,13 @@ __all__ = [
     "values",
     "items",
     "set_entry",
+    "set_path",
+    "set_paths",
     "setdefault",
     "update",
     "select",
     "exclude",
+    "exclude_paths",
     "rename",
     "flatten_keys",
     "unflatten_keys",
@@ -177,8 +180,11 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
             new[head] = _set_path(child, path[1:], full, value)
     keys = node._meta[0]
     if head not in old and keys and head < keys[-1]:
-        # a new key before the last one needs a re-sort; one after it keeps dict order sorted
-        new = {k: new[k] for k in sorted(new)}
+        # A new key before the last one went in last: moving the keys after it behind it, in their
+        # (sorted) order, restores canonical order without sorting and rebuilding the whole dict.
+        for k in keys:
+            if k > head:
+                new[k] = new.pop(k)
     if device is None:  # with a device, entry() moved the value there: nothing to settle
         new, device = settle_device(new, device)
     return make(type(node), new, batch_size, device)
@@ -196,10 +202,10 @@ def _chain(
     dev = device
     if device is None:
         data, dev = settle_device(data, device)
-    node = make(cls, data, batch_size, dev)
+    node: Any = data[path[-1]]
     tags = cls._tags
     # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
-    for part in path[-2::-1]:
+    for part in path[::-1]:
         # make() inlined (a deep new path makes one node per level)
         parent = object.__new__(cls)
         object.__setattr__(parent, "_data", {part: node})
@@ -218,6 +224,40 @@ def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     check_unlocked(node, "set")
     path = as_path(key)
     return _set_path(node, path, path, value)
+
+
+def set_path(node: NodeT, path: tuple[str, ...], value: Any) -> NodeT:
+    """:func:`set_entry` for a ``path`` already checked by ``as_path`` (a module's out key): the same
+    node, tags and errors.
+
+    An untagged node needs no tag rule: it is not Locked, and a result of untagged inputs keeps no
+    tags (a node given as ``value`` comes back untagged from entry()), so the rule's wrapper is skipped.
+    """
+    if node._meta[3]:
+        return set_entry(node, path, value)
+    return _set_path(node, path, path, value)
+
+
+def set_paths(node: NodeT, paths: tuple[tuple[str, ...], ...], values: Sequence[Any]) -> NodeT:
+    """:func:`set_path` for each of ``paths`` in turn (a module's out keys): the same node, tags and errors.
+
+    Top-level keys of an untagged node with a device go in with one copy of its dict and one new node:
+    with the device fixed, each set changes only its own entry, so no intermediate node is needed.
+    """
+    _, batch_size, device, tags = node._meta
+    at_top = not tags and device is not None
+    for path in paths:
+        if len(path) > 1:
+            at_top = False
+    if not at_top:
+        for path, value in zip(paths, values):
+            node = set_path(node, path, value)
+        return node
+    new = node._data.copy()
+    root = type(node)._root
+    for path, value in zip(paths, values):
+        new[path[0]] = entry(path, value, batch_size, device, root)
+    return make(type(node), sorted_data(new), batch_size, device)
 
 
 @tag_rule
@@ -333,6 +373,18 @@ def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str,
 def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
     return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
+
+
+def exclude_paths(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
+    """``exclude(node, *paths, strict=False)`` for paths already checked by ``as_path`` (the keys a
+    module chain drops): the same node, tags kept.
+
+    An untagged node needs no tag rule (its result keeps no tags either way), so the rule's wrapper
+    is skipped.
+    """
+    if node._meta[3]:
+        return exclude(node, *paths, strict=False)
+    return _exclude(node, _trie(tuple(paths)), False, ())
 
 
 @tag_rule

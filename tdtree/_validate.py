@@ -125,13 +125,16 @@ def entry(
     Tensors move to ``device`` when one is set; nodes come back untagged; dicts
     become nodes with ``batch_size``.
     """
+    # every shape starts with an empty batch: no prefix to check (most nodes have no batch dims)
     if isinstance(value, torch.Tensor):
-        _check_prefix(path, value.shape, batch_size, "entry")
+        if batch_size:
+            _check_prefix(path, value.shape, batch_size, "entry")
         if device is not None and value.device != device:
             value = value.to(device)
         return value
     if isinstance(value, Node):
-        _check_prefix(path, value._meta[1], batch_size, "nested node")
+        if batch_size:
+            _check_prefix(path, value._meta[1], batch_size, "nested node")
         if device is not None and value._meta[2] != device:
             return build(type(value)._root, value._data, value._meta[1], device, path)
         return retag(value, frozenset())

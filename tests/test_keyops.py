@@ -63,6 +63,14 @@ def test_set_returns_new_node_and_shares_structure(td: tt.TensorDict) -> None:
     assert list(deep.keys()) == ["a", "next", "obs"]
 
 
+def test_set_keeps_keys_sorted_wherever_a_new_key_falls() -> None:
+    base = tt.TensorDict({k: torch.zeros(()) for k in "bdf"}, ())
+    for key, want in [("a", "abdf"), ("c", "bcdf"), ("e", "bdef"), ("g", "bdfg"), ("d", "bdf")]:
+        out = base.set(key, torch.ones(()))
+        assert list(out.keys()) == list(want) and out._meta[0] == tuple(want)
+        assert list(base.keys()) == list("bdf")
+
+
 def test_set_replaces_and_validates(td: tt.TensorDict) -> None:
     out = td.set("obs", torch.zeros(4, 7))
     assert out["obs"].shape == (4, 7)

@@ -454,3 +454,61 @@ def test_select_out_keys_keeps_a_sub_node_with_a_kept_key() -> None:
     )
     out = seq.select_out_keys(("out", "c"))(batch())
     assert list(out.keys(include_nested=True)) == ["meta", ("meta", "id"), "out", ("out", "c"), "x"]
+
+
+def test_select_out_keys_drops_only_what_the_chain_created_below_input_keys() -> None:
+    seq = TDSequential(
+        TDModule(nn.Identity(), "x", ("out", "a", "b")),
+        TDModule(nn.Identity(), "x", ("out", "c")),
+    ).select_out_keys(("out", "c"))
+    z = torch.ones(5)
+    had_out = seq(batch().set(("out", "z"), z))
+    assert list(had_out.keys(include_nested=True)) == [
+        "meta", ("meta", "id"), "out", ("out", "c"), ("out", "z"), "x"
+    ]
+    assert had_out["out", "z"] is z
+    had_a = seq(batch().set(("out", "a", "k"), z))
+    assert list(had_a["out"].keys(include_nested=True)) == ["a", ("a", "k"), "c"]
+    had_b = seq(batch().set(("out", "a", "b"), z))
+    assert had_b["out", "a", "b"] is had_b["x"]  # the input had it: the chain's value stays
+
+
+def test_td_modules_follow_the_tag_rule() -> None:
+    td = batch().share_memory().unlock()
+    assert td.tags == frozenset({tt.Shared})
+    ident = TDModule(nn.Identity(), "x", "y")
+    assert ident(td).tags == frozenset({tt.Shared})  # no new storage
+    assert TDModule(nn.Linear(3, 3), "x", "y")(td).tags == frozenset()
+    seq = TDSequential(ident, TDModule(nn.Identity(), "y", ("out", "z"))).select_out_keys(("out", "z"))
+    out = seq(td)
+    assert out.tags == frozenset({tt.Shared}) and out["out"].tags == frozenset({tt.Shared})
+    assert list(out.keys()) == ["meta", "out", "x"]
+
+
+class _Pair(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x.sum()
+
+
+def test_tdmodule_outputs_equal_one_set_per_key_in_order() -> None:
+    class Three(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return x + 1, x * 2, x - 1
+
+    three = Three()
+    cpu = batch()
+    mixed = tt.TensorDict({"x": torch.ones(5, 3), "m": torch.zeros(5, device="meta")}, [5])
+    assert cpu.device == torch.device("cpu") and mixed.device is None
+    for td in (cpu, mixed):
+        for out_keys in (["z", "a", "n"], ["n", ("meta", "k"), "b"], ["x", "c", "a"]):
+            out = TDModule(three, "x", out_keys)(td)
+            want = td
+            for key, value in zip(out_keys, three(td["x"])):
+                want = want.set(key, value)
+            assert list(out.keys(include_nested=True)) == list(want.keys(include_nested=True))
+            assert out._meta[0] == tuple(want.keys()) and out.device == want.device
+            assert_equal(out, want)
+    with pytest.raises(tt.errors.BatchSizeError, match=r"entry 'b' has shape \(\)"):
+        TDModule(_Pair(), "x", ["a", "b"])(cpu)
+    with pytest.raises(LockedError):
+        TDModule(three, "x", ["a", "b", "c"])(cpu.lock())

@@ -78,15 +78,13 @@ class TDModule(nn.Module):
                     f"{type(self.module).__name__} returned a tuple of {len(out)} outputs for the one "
                     f"out key {self.out_keys[0]!r}; give one out key per output"
                 )
-            return _keyops.set_entry(td, keys[0], out)
+            return _keyops.set_path(td, keys[0], out)
         if type(out) not in (tuple, list) or len(out) != len(keys):
             got = f"{len(out)} outputs" if type(out) in (tuple, list) else f"one {type(out).__name__}"
             raise OutKeysError(
                 f"{type(self.module).__name__} returned {got} for the {len(keys)} out keys {self.out_keys}"
             )
-        for path, value in zip(keys, out):
-            td = _keyops.set_entry(td, path, value)
-        return td
+        return _keyops.set_paths(td, keys, out)
 
     def extra_repr(self) -> str:
         return f"in_keys={self.in_keys}, out_keys={self.out_keys}"
@@ -94,6 +92,32 @@ class TDModule(nn.Module):
 
 def _written(path: tuple[str, ...], written: set[tuple[str, ...]]) -> bool:
     return any(path[:i] in written for i in range(1, len(path) + 1))
+
+
+def _tops(path: tuple[str, ...], keep: tuple[tuple[str, ...], ...]) -> tuple[tuple[str, ...] | None, ...]:
+    """For each depth ``i`` at which an input may first lack ``path``, the highest key from ``path[:i + 1]``
+    down that holds no kept key (None when every one does): what the chain created for ``path`` and can
+    drop without leaving an empty sub-node behind. Fixed by the keys, so found once at construction."""
+    tops: list[tuple[str, ...] | None] = []
+    for i in range(len(path)):
+        top = None
+        for j in range(i + 1, len(path) + 1):
+            if not any(k[:j] == path[:j] for k in keep):
+                top = path[:j]
+                break
+        tops.append(top)
+    return tuple(tops)
+
+
+def _dropped(path: tuple[str, ...], tops: tuple[tuple[str, ...] | None, ...], td: Node) -> tuple[str, ...] | None:
+    # The input ``td`` decides how much of ``path`` the chain created: from the first part it lacks
+    # down (a part below a tensor counts as lacking); what the input had is kept.
+    value: Any = td
+    for i in range(len(path)):
+        value = value._data.get(path[i]) if isinstance(value, Node) else None
+        if value is None:
+            return tops[i]
+    return None
 
 
 class TDSequential(nn.Module):
@@ -141,16 +165,15 @@ class TDSequential(nn.Module):
         self.in_keys: list[NestedKey] = [display(p) for p in ins]
         self.out_keys: list[NestedKey] = [display(p) for p in outs]
         self.selected_out_keys: list[NestedKey] | None = None
-        self._drop: tuple[tuple[str, ...], ...] = ()
-        self._keep: tuple[tuple[str, ...], ...] = ()
+        # per dropped path, what to drop given the depth at which the input lacks it (see _dropped)
+        self._drop: tuple[tuple[tuple[str, ...], tuple[tuple[str, ...] | None, ...]], ...] = ()
         if selected_out_keys is not None:
             selected = _paths(selected_out_keys, "selected_out_keys")
             for path in selected:
                 if path not in written:
                     raise KeyNotFoundError(display(path), self.out_keys)
             self.selected_out_keys = [display(p) for p in selected]
-            self._keep = selected
-            self._drop = tuple(p for p in outs if p not in selected)
+            self._drop = tuple((p, _tops(p, selected)) for p in outs if p not in selected)
 
     def forward(self, td: Node) -> Node:
         out = td
@@ -158,25 +181,11 @@ class TDSequential(nn.Module):
             if module is not None:  # torch allows None children; the constructor adds none
                 out = module(out)
         if self._drop:
-            dropped = [self._dropped(path, td) for path in self._drop]
+            dropped = [_dropped(path, tops, td) for path, tops in self._drop]
             drop = [q for q in dropped if q is not None]
             if drop:
-                out = _keyops.exclude(out, *drop, strict=False)
+                out = _keyops.exclude_paths(out, drop)
         return out
-
-    def _dropped(self, path: tuple[str, ...], td: Node) -> tuple[str, ...] | None:
-        # Drop the highest node the chain created for ``path`` that holds no
-        # kept key, so no empty sub-node is left behind; keep what the input had.
-        for i in range(1, len(path) + 1):
-            if _keyops.get(td, path[:i], None) is None:
-                break
-        else:
-            return None
-        for j in range(i, len(path) + 1):
-            top = path[:j]
-            if not any(k[:j] == top for k in self._keep):
-                return top
-        return None
 
     def _members(self) -> list[nn.Module]:
         # a comprehension, not cast(list(...)): compiled code would guard on typing.cast
