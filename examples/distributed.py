@@ -11,7 +11,8 @@ Two machines (run on each; node 0's address is reachable from node 1):
 
 Each process makes a batch of "experience", the ranks average a node of parameters with
 ``all_reduce``, gather every rank's batch with ``all_gather``, and pass batches around a ring
-with ``isend`` / ``recv``. Rank 0 prints what it saw.
+with ``isend`` / ``recv``; then rank 1 streams a few batches to rank 0 over a ``Channel`` (the
+structure agreed once, one message per batch after that). Rank 0 prints what it saw.
 """
 
 from __future__ import annotations
@@ -44,12 +45,25 @@ def main() -> None:
     from_left = ttd.recv(batch, left)
     sending.wait()
 
+    # a stream between two fixed peers (an actor feeding a learner): the channel checks the
+    # structure once, when both ends make it, then each batch is one message
+    streamed = []
+    if world >= 2 and rank < 2:
+        channel = ttd.Channel(batch.set("step", torch.zeros(8, dtype=torch.int64)), peer=1 - rank, tag=1)
+        if rank == 1:
+            for step in range(3):
+                channel.send(batch.set("step", torch.full((8,), step)))
+        else:
+            streamed = [channel.recv() for _ in range(3)]
+
     if rank == 0:
         print(f"world size {world}")
         print(f"mean of w over the ranks: {mean['w'][0, 0].item():.2f} (expected {(world - 1) / 2:.2f})")
         print(f"gathered batch size: {tuple(everyone.batch_size)}, next/reward {tuple(everyone['next', 'reward'].shape)}")
         print(f"lr from rank 0: {config['lr'].item():.2f}")
         print(f"received from rank {left}: obs equal to its gathered entry: {torch.equal(from_left['obs'], everyone['obs'][left])}")
+        print(f"streamed from rank 1: steps {[int(b['step'][0]) for b in streamed]}, "
+              f"obs equal to its gathered entry: {all(torch.equal(b['obs'], everyone['obs'][1]) for b in streamed)}")
     dist.destroy_process_group()
 
 
