@@ -7,7 +7,7 @@ and tensor.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, KeysView, Mapping, Sequence
+from collections.abc import Collection, Iterator, KeysView, Mapping
 from typing import Any
 
 import torch
@@ -29,7 +29,6 @@ __all__ = [
     "items",
     "set_entry",
     "set_path",
-    "set_paths",
     "setdefault",
     "update",
     "select",
@@ -236,28 +235,6 @@ def set_path(node: NodeT, path: tuple[str, ...], value: Any) -> NodeT:
     if node._meta[3]:
         return set_entry(node, path, value)
     return _set_path(node, path, path, value)
-
-
-def set_paths(node: NodeT, paths: tuple[tuple[str, ...], ...], values: Sequence[Any]) -> NodeT:
-    """:func:`set_path` for each of ``paths`` in turn (a module's out keys): the same node, tags and errors.
-
-    Top-level keys of an untagged node with a device go in with one copy of its dict and one new node:
-    with the device fixed, each set changes only its own entry, so no intermediate node is needed.
-    """
-    _, batch_size, device, tags = node._meta
-    at_top = not tags and device is not None
-    for path in paths:
-        if len(path) > 1:
-            at_top = False
-    if not at_top:
-        for path, value in zip(paths, values):
-            node = set_path(node, path, value)
-        return node
-    new = node._data.copy()
-    root = type(node)._root
-    for path, value in zip(paths, values):
-        new[path[0]] = entry(path, value, batch_size, device, root)
-    return make(type(node), sorted_data(new), batch_size, device)
 
 
 @tag_rule

@@ -84,7 +84,9 @@ class TDModule(nn.Module):
             raise OutKeysError(
                 f"{type(self.module).__name__} returned {got} for the {len(keys)} out keys {self.out_keys}"
             )
-        return _keyops.set_paths(td, keys, out)
+        for path, value in zip(keys, out):
+            td = _keyops.set_path(td, path, value)
+        return td
 
     def extra_repr(self) -> str:
         return f"in_keys={self.in_keys}, out_keys={self.out_keys}"
