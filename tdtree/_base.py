@@ -15,7 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
-__all__ = ["Node", "NodeT", "make", "from_meta", "sorted_data", "leaf_or_node"]
+__all__ = ["Node", "NodeT", "make", "from_meta", "twin", "sorted_data", "leaf_or_node"]
 
 
 class Node:
@@ -65,6 +65,14 @@ def from_meta(cls: type[Node], meta: tuple, values: Any) -> Any:
     object.__setattr__(node, "_data", dict(zip(meta[0], values)))
     object.__setattr__(node, "_meta", meta)
     return node
+
+
+def twin(node: NodeT) -> NodeT:
+    """A new node object of ``node``'s type over the same entries and metadata."""
+    out = object.__new__(type(node))
+    object.__setattr__(out, "_data", node._data)
+    object.__setattr__(out, "_meta", node._meta)
+    return out
 
 
 def sorted_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -201,7 +201,9 @@ def test_clone(td: tt.TensorDict) -> None:
     assert deep["obs"] is not td["obs"]
     assert deep["obs"].untyped_storage().data_ptr() != td["obs"].untyped_storage().data_ptr()
     shallow = td.clone(recurse=False)
-    assert shallow is not td and shallow["next"] is not td["next"] and shallow["obs"] is td["obs"]
+    # immutable sub-nodes are shared, as the leaves are: only the root is a new object
+    assert shallow is not td and shallow["next"] is td["next"] and shallow["obs"] is td["obs"]
+    assert shallow.batch_size == td.batch_size and shallow.device == td.device and type(shallow) is type(td)
 
 
 def test_locked_editors_refuse_and_name_the_in_place_writers(td: tt.TensorDict) -> None:
