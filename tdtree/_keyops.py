@@ -218,12 +218,14 @@ def _chain(
         data, dev = settle_device(data, device)
     node: Any = data[path[-1]]
     tags = cls._tags
+    # make() inlined (a deep new path makes one node per level), its two builtins looked up once: a
+    # local bound to ``object.__setattr__`` is what dynamo traces for the literal spelling too
+    new, write = object.__new__, object.__setattr__
     # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
     for part in path[::-1]:
-        # make() inlined (a deep new path makes one node per level)
-        parent = object.__new__(cls)
-        object.__setattr__(parent, "_data", {part: node})
-        object.__setattr__(parent, "_meta", ((part,), batch_size, dev, tags))
+        parent = new(cls)
+        write(parent, "_data", {part: node})
+        write(parent, "_meta", ((part,), batch_size, dev, tags))
         node = parent
     return node
 
