@@ -110,12 +110,13 @@ def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[Nest
     def visit(level: Node, prefix: tuple[str, ...]) -> None:
         for k, v in level._data.items():
             # prefix + (k,) is one new tuple; (*prefix, k) builds a list and copies it into one
-            key = prefix + (k,) if prefix else k
+            path = prefix + (k,)
+            key: NestedKey = path if prefix else k
             if isinstance(v, Node):
                 if not leaves_only:
                     out.append((key, v))
                 if include_nested:
-                    visit(v, key if prefix else (k,))
+                    visit(v, path)
             else:
                 out.append((key, v))
 
