@@ -320,20 +320,38 @@ def _trie(paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
     return trie
 
 
-def _select(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> NodeT:
+# Where a trie walk is: () at the root, else (where its parent is, key). One pair per level, where
+# the path itself would copy the whole prefix at every level (a tenth of a deep select or exclude);
+# only an error spells it out.
+_Trail = tuple
+
+
+def _trie_error(trail: _Trail, k: str, sub: Any, level: Node) -> KeyError:
+    """The error for the trie's key ``k`` at ``level``: missing there, or a leaf with keys asked below it."""
+    parts = [k]
+    while trail:
+        trail, parent = trail
+        parts.append(parent)
+    path = tuple(parts[::-1])
+    if k not in level._data:
+        return _not_found(path, len(path) - 1, level)
+    return NotANodeKeyError(display((*path, next(iter(sub)))), display(path))
+
+
+def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
     data = {}
     for k, sub in trie.items():
         v = node._data.get(k, MISSING)
         if v is MISSING:
             if strict:
-                raise _not_found((*prefix, k), len(prefix), node)
+                raise _trie_error(trail, k, sub, node)
             continue
         if sub is _ALL:
             data[k] = v
         elif isinstance(v, Node):
-            data[k] = _select(v, sub, strict, prefix + (k,))
+            data[k] = _select(v, sub, strict, (trail, k))
         elif strict:
-            raise NotANodeKeyError(display((*prefix, k, next(iter(sub)))), display((*prefix, k)))
+            raise _trie_error(trail, k, sub, node)
     _, batch_size, device, _ = node._meta
     # one key is in order: a deep key selects one key per level, and sorting them was a fifth of select
     return make(type(node), sorted_data(data) if len(data) > 1 else data, batch_size, device)
@@ -359,20 +377,20 @@ def _select_keys(node: NodeT, keys: tuple[NestedKey, ...], strict: bool) -> Node
 _select_tagged = tag_rule(_select_keys)
 
 
-def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> NodeT:
+def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
     data = node._data.copy()
     for k, sub in trie.items():
         v = data.get(k, MISSING)
         if v is MISSING:
             if strict:
-                raise _not_found((*prefix, k), len(prefix), node)
+                raise _trie_error(trail, k, sub, node)
             continue
         if sub is _ALL:
             del data[k]
         elif isinstance(v, Node):
-            data[k] = _exclude(v, sub, strict, prefix + (k,))
+            data[k] = _exclude(v, sub, strict, (trail, k))
         elif strict:
-            raise NotANodeKeyError(display((*prefix, k, next(iter(sub)))), display((*prefix, k)))
+            raise _trie_error(trail, k, sub, node)
     _, batch_size, device, _ = node._meta
     return make(type(node), data, batch_size, device)
 
