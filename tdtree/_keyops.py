@@ -109,16 +109,16 @@ def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[Nest
 
     def visit(level: Node, prefix: tuple[str, ...]) -> None:
         for k, v in level._data.items():
-            # prefix + (k,) is one new tuple; (*prefix, k) builds a list and copies it into one
+            # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
+            # its str, spelled where it is appended (a local holding it cost more)
             path = prefix + (k,)
-            key: NestedKey = path if prefix else k
             if isinstance(v, Node):
                 if not leaves_only:
-                    out.append((key, v))
+                    out.append((path if prefix else k, v))
                 if include_nested:
                     visit(v, path)
             else:
-                out.append((key, v))
+                out.append((path if prefix else k, v))
 
     visit(node, ())
     return out
