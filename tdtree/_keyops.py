@@ -57,16 +57,27 @@ def _not_found(path: tuple[str, ...], depth: int, level: Node) -> KeyNotFoundErr
 
 def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
     """The entry at ``key`` (str or tuple of str); ``default`` when missing, else KeyNotFoundError."""
-    path = as_path(key)
+    # One walk that checks as it goes (each part an exact str, each value on the way a node), with
+    # the lookup a plain subscript: checking the whole key with as_path first, then walking with
+    # dict.get, cost three times a chain of dict lookups on a deep key. Any stop (a part that is not
+    # a str, a leaf on the way, a missing key, no key at all) goes to as_path and _missing below,
+    # which raise the exact error, so the walk only has to be right when it finishes.
     value: Any = node
-    for part in path:
-        if not isinstance(value, Node):
-            break
-        value = value._data.get(part, MISSING)
-        if value is MISSING:
-            break
-    else:
-        return value
+    if type(key) is tuple and key:
+        try:
+            for part in key:
+                if type(part) is not str or not isinstance(value, Node):
+                    break
+                value = value._data[part]
+            else:
+                return value
+        except KeyError:
+            pass
+    elif type(key) is str:
+        value = node._data.get(key, MISSING)
+        if value is not MISSING:
+            return value
+    path = as_path(key)
     if default is not MISSING:
         return default
     raise _missing(node, path)
@@ -98,11 +109,16 @@ def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[Nest
 
     def visit(level: Node, prefix: tuple[str, ...]) -> None:
         for k, v in level._data.items():
-            is_node = isinstance(v, Node)
-            if not (leaves_only and is_node):
-                out.append(((*prefix, k) if prefix else k, v))
-            if include_nested and is_node:
-                visit(v, (*prefix, k))
+            # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
+            # its str, spelled where it is appended (a local holding it cost more)
+            path = prefix + (k,)
+            if isinstance(v, Node):
+                if not leaves_only:
+                    out.append((path if prefix else k, v))
+                if include_nested:
+                    visit(v, path)
+            else:
+                out.append((path if prefix else k, v))
 
     visit(node, ())
     return out
@@ -203,23 +219,35 @@ def _chain(
         data, dev = settle_device(data, device)
     node: Any = data[path[-1]]
     tags = cls._tags
+    # make() inlined (a deep new path makes one node per level), its two builtins looked up once: a
+    # local bound to ``object.__setattr__`` is what dynamo traces for the literal spelling too
+    new, write = object.__new__, object.__setattr__
     # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
     for part in path[::-1]:
-        # make() inlined (a deep new path makes one node per level)
-        parent = object.__new__(cls)
-        object.__setattr__(parent, "_data", {part: node})
-        object.__setattr__(parent, "_meta", ((part,), batch_size, dev, tags))
+        parent = new(cls)
+        write(parent, "_data", {part: node})
+        write(parent, "_meta", ((part,), batch_size, dev, tags))
         node = parent
     return node
 
 
-@tag_rule
 def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     """A new node with ``value`` at ``key``; missing intermediate nodes are created.
 
     Refused on a Locked node. Tags: kept only when ``value`` uses a storage the
     node already used (the rule).
+
+    An untagged node needs no tag rule: it is not Locked, and a result of untagged inputs keeps no
+    tags (a node given as ``value`` comes back untagged from entry()), so the rule's wrapper is skipped.
     """
+    if node._meta[3]:
+        return _set_tagged(node, key, value)
+    path = as_path(key)
+    return _set_path(node, path, path, value)
+
+
+@tag_rule
+def _set_tagged(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     check_unlocked(node, "set")
     path = as_path(key)
     return _set_path(node, path, path, value)
@@ -228,12 +256,9 @@ def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
 def set_path(node: NodeT, path: tuple[str, ...], value: Any) -> NodeT:
     """:func:`set_entry` for a ``path`` already checked by ``as_path`` (a module's out key): the same
     node, tags and errors.
-
-    An untagged node needs no tag rule: it is not Locked, and a result of untagged inputs keeps no
-    tags (a node given as ``value`` comes back untagged from entry()), so the rule's wrapper is skipped.
     """
     if node._meta[3]:
-        return set_entry(node, path, value)
+        return _set_tagged(node, path, value)
     return _set_path(node, path, path, value)
 
 
@@ -287,28 +312,49 @@ def _trie(paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
             nxt = level.get(part)
             if nxt is _ALL:
                 break
-            level = level.setdefault(part, {})
+            if nxt is None:
+                nxt = level[part] = {}
+            level = nxt
         else:
             level[path[-1]] = _ALL
     return trie
 
 
-def _select(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> NodeT:
+# Where a trie walk is: () at the root, else (where its parent is, key). One pair per level, where
+# the path itself would copy the whole prefix at every level (a tenth of a deep select or exclude);
+# only an error spells it out.
+_Trail = tuple
+
+
+def _trie_error(trail: _Trail, k: str, sub: Any, level: Node) -> KeyError:
+    """The error for the trie's key ``k`` at ``level``: missing there, or a leaf with keys asked below it."""
+    parts = [k]
+    while trail:
+        trail, parent = trail
+        parts.append(parent)
+    path = tuple(parts[::-1])
+    if k not in level._data:
+        return _not_found(path, len(path) - 1, level)
+    return NotANodeKeyError(display((*path, next(iter(sub)))), display(path))
+
+
+def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
     data = {}
     for k, sub in trie.items():
         v = node._data.get(k, MISSING)
         if v is MISSING:
             if strict:
-                raise _not_found((*prefix, k), len(prefix), node)
+                raise _trie_error(trail, k, sub, node)
             continue
         if sub is _ALL:
             data[k] = v
         elif isinstance(v, Node):
-            data[k] = _select(v, sub, strict, (*prefix, k))
+            data[k] = _select(v, sub, strict, (trail, k))
         elif strict:
-            raise NotANodeKeyError(display((*prefix, k, next(iter(sub)))), display((*prefix, k)))
+            raise _trie_error(trail, k, sub, node)
     _, batch_size, device, _ = node._meta
-    return make(type(node), sorted_data(data), batch_size, device)
+    # one key is in order: a deep key selects one key per level, and sorting them was a fifth of select
+    return make(type(node), sorted_data(data) if len(data) > 1 else data, batch_size, device)
 
 
 def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
@@ -320,36 +366,46 @@ def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     if not keys:
         # no leaves, so the tag rule keeps the node's own tags: its type as it is
         return make(type(node), {}, node._meta[1], node._meta[2])
-    return _select_keys(node, keys, strict)
+    # an untagged node's result keeps no tags either way: no tag rule's wrapper to pay for
+    return (_select_tagged if node._meta[3] else _select_keys)(node, keys, strict)
 
 
-@tag_rule
 def _select_keys(node: NodeT, keys: tuple[NestedKey, ...], strict: bool) -> NodeT:
     return _select(node, _trie(tuple(map(as_path, keys))), strict, ())
 
 
-def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, prefix: tuple[str, ...]) -> NodeT:
+_select_tagged = tag_rule(_select_keys)
+
+
+def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
     data = node._data.copy()
     for k, sub in trie.items():
         v = data.get(k, MISSING)
         if v is MISSING:
             if strict:
-                raise _not_found((*prefix, k), len(prefix), node)
+                raise _trie_error(trail, k, sub, node)
             continue
         if sub is _ALL:
             del data[k]
         elif isinstance(v, Node):
-            data[k] = _exclude(v, sub, strict, (*prefix, k))
+            data[k] = _exclude(v, sub, strict, (trail, k))
         elif strict:
-            raise NotANodeKeyError(display((*prefix, k, next(iter(sub)))), display((*prefix, k)))
+            raise _trie_error(trail, k, sub, node)
     _, batch_size, device, _ = node._meta
     return make(type(node), data, batch_size, device)
 
 
-@tag_rule
 def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
+    # an untagged node's result keeps no tags either way: no tag rule's wrapper to pay for
+    return (_exclude_tagged if node._meta[3] else _exclude_keys)(node, keys, strict)
+
+
+def _exclude_keys(node: NodeT, keys: tuple[NestedKey, ...], strict: bool) -> NodeT:
     return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
+
+
+_exclude_tagged = tag_rule(_exclude_keys)
 
 
 def exclude_paths(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
@@ -360,7 +416,7 @@ def exclude_paths(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
     is skipped.
     """
     if node._meta[3]:
-        return exclude(node, *paths, strict=False)
+        return _exclude_tagged(node, tuple(paths), False)
     return _exclude(node, _trie(tuple(paths)), False, ())
 
 

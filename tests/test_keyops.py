@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -36,6 +38,41 @@ def test_missing_key_error_names_key_keys_and_matches(td: tt.TensorDict) -> None
 def test_key_through_a_tensor(td: tt.TensorDict) -> None:
     with pytest.raises(NotANodeKeyError, match="'obs' is a tensor, not a node"):
         td["obs", "x"]
+
+
+def test_key_through_a_tensor_whatever_its_attributes(td: tt.TensorDict) -> None:
+    # a leaf is never walked into, even one carrying a mapping under a node's slot name
+    leaf = torch.zeros(4, 3)
+    leaf._data = {"x": torch.ones(4)}
+    node = td.set("obs", leaf)
+    with pytest.raises(NotANodeKeyError, match="'obs' is a tensor, not a node"):
+        node["obs", "x"]
+    assert node.get(("obs", "x"), None) is None
+    assert ("obs", "x") not in node and ("obs", "x") not in node.keys(True)
+
+
+class Name(str):
+    """A str subclass: equal to the key it spells, yet not a key."""
+
+
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        (("next", Name("reward")), "every part of a nested key must be a str, got Name 'reward'"),
+        ((Name("obs"),), "every part of a nested key must be a str, got Name 'obs'"),
+        (("next", 1), "every part of a nested key must be a str, got int 1"),
+        (("nope", 1), "every part of a nested key must be a str, got int 1"),
+        (("next", ["reward"]), "every part of a nested key must be a str, got list"),
+        ((), "the empty tuple is not a key"),
+        (["next", "reward"], "keys are str or tuples of str, got list"),
+        (3, "keys are str or tuples of str, got int 3"),
+    ],
+)
+def test_get_refuses_what_is_not_a_key_even_with_a_default(td: tt.TensorDict, key: object, message: str) -> None:
+    with pytest.raises(TypeError, match=re.escape(message)):
+        td.get(key)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=re.escape(message)):
+        td.get(key, None)  # type: ignore[arg-type]
 
 
 def test_keys_values_items_flags(td: tt.TensorDict) -> None:
