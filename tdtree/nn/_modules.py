@@ -15,7 +15,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _torch_module
 
-from .. import _keyops
+# the functions, not the module: compiled code reaching _keyops both as this module's global and
+# as the globals of the functions it inlines pays a Python guard on every call
+from .._keyops import exclude_paths, get, set_path
 from .._base import Node
 from .._keys import NestedKey, as_path, display, is_key
 from ..errors import KeyNotFoundError, OutKeysError
@@ -73,22 +75,24 @@ class TDModule(nn.Module):
         module: Any = self._modules["module"]
         ins = self._in
         # one in key (the usual case) skips building an argument list
-        out = _call(module, _keyops.get(td, ins[0])) if len(ins) == 1 else module(*[_keyops.get(td, p) for p in ins])
+        out = _call(module, get(td, ins[0])) if len(ins) == 1 else module(*[get(td, p) for p in ins])
         keys = self._out
         if len(keys) == 1:
-            if type(out) is tuple:
+            # isinstance first: for a tensor output, compiled code then never builds type(out), a second
+            # path to torch.Tensor that dynamo checks against the first with a Python guard on every call
+            if isinstance(out, tuple) and type(out) is tuple:
                 raise OutKeysError(
                     f"{type(self.module).__name__} returned a tuple of {len(out)} outputs for the one "
                     f"out key {self.out_keys[0]!r}; give one out key per output"
                 )
-            return _keyops.set_path(td, keys[0], out)
+            return set_path(td, keys[0], out)
         if type(out) not in (tuple, list) or len(out) != len(keys):
             got = f"{len(out)} outputs" if type(out) in (tuple, list) else f"one {type(out).__name__}"
             raise OutKeysError(
                 f"{type(self.module).__name__} returned {got} for the {len(keys)} out keys {self.out_keys}"
             )
         for path, value in zip(keys, out):
-            td = _keyops.set_path(td, path, value)
+            td = set_path(td, path, value)
         return td
 
     def extra_repr(self) -> str:
@@ -233,7 +237,7 @@ class TDSequential(nn.Module):
             dropped = [_dropped(path, tops, td) for path, tops in self._drop]
             drop = [q for q in dropped if q is not None]
             if drop:
-                out = _keyops.exclude_paths(out, drop)
+                out = exclude_paths(out, drop)
         return out
 
     def _members(self) -> list[nn.Module]:
