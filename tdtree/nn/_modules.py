@@ -122,7 +122,8 @@ def _call(module: Any, arg: Any) -> Any:
     a third of a small TDModule's call; a TDSequential pays it once per member. The checks below
     are the conditions of its fast path (no module or global hook, no ``module.compile()``, no
     ``torch.jit.trace``), so the result, hooks and errors are the same. Compiled code takes the
-    ordinary call, so the graph and its guards are those of ``module(arg)``.
+    ordinary call, so the graph is that of ``module(arg)`` (with two more guards, on the code of
+    this function and of ``is_compiling``).
     """
     if (
         _is_compiling()
