@@ -165,11 +165,11 @@ def _tops(path: tuple[str, ...], keep: tuple[tuple[str, ...], ...]) -> tuple[tup
 
 def _dropped(path: tuple[str, ...], tops: tuple[tuple[str, ...] | None, ...], td: Node) -> tuple[str, ...] | None:
     # The input ``td`` decides how much of ``path`` the chain created: from the first part it lacks
-    # down (a part below a tensor counts as lacking); what the input had is kept.
-    value: Any = td
+    # down (a part below a tensor counts as lacking: get() returns the default there); what the
+    # input had is kept. Through get(), not a walk here: compiled code that reaches Node both from
+    # this module and from _keyops pays a Python guard on every call.
     for i in range(len(path)):
-        value = value._data.get(path[i]) if isinstance(value, Node) else None
-        if value is None:
+        if get(td, path[: i + 1], None) is None:
             return tops[i]
     return None
 
