@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -512,3 +514,61 @@ def test_tdmodule_outputs_equal_one_set_per_key_in_order() -> None:
         TDModule(_Pair(), "x", ["a", "b"])(cpu)
     with pytest.raises(LockedError):
         TDModule(three, "x", ["a", "b", "c"])(cpu.lock())
+
+
+def test_td_modules_run_the_hooks_of_the_modules_they_call() -> None:
+    # TDModule and TDSequential call their members' forward directly when nothing else would run:
+    # every kind of hook must still run, in torch's order, and change the result as it does in torch
+    calls: list[str] = []
+    inner = nn.Linear(3, 2)
+    member = TDModule(inner, "x", "y")
+    seq = TDSequential(member)
+    td = tt.TensorDict({"x": torch.ones(4, 3)}, [4])
+    plain = seq(td)["y"]
+    handles = [
+        inner.register_forward_pre_hook(lambda m, args: calls.append("pre") or (args[0] * 2,)),
+        inner.register_forward_hook(lambda m, args, out: calls.append("post") or out + 1),
+        member.register_forward_pre_hook(lambda m, args: calls.append("member pre")),
+        member.register_forward_hook(lambda m, args, out: calls.append("member post")),
+    ]
+    out = seq(td)["y"]
+    assert calls == ["member pre", "pre", "post", "member post"]
+    assert torch.equal(out, nn.functional.linear(torch.ones(4, 3) * 2, inner.weight, inner.bias) + 1)
+    for handle in handles:
+        handle.remove()
+    calls.clear()
+    assert torch.equal(seq(td)["y"], plain) and calls == []
+
+    seen: list[type] = []
+    handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: seen.append(type(m)))
+    try:
+        seq(td)
+    finally:
+        handle.remove()
+    assert seen == [nn.Linear, TDModule, TDSequential]
+
+
+def test_td_modules_call_a_module_through_its_own_call() -> None:
+    class Doubled(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            return super().__call__(x) * 2
+
+    td = tt.TensorDict({"x": torch.ones(3)}, [3])
+    assert torch.equal(TDModule(Doubled(), "x", "y")(td)["y"], torch.full((3,), 2.0))
+    class Half(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x / 2
+
+    # module.compile() routes the module's calls through torch.compile: the backend sees the graph
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[torch.Tensor]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = Half()
+    compiled.compile(backend=backend)
+    assert torch.equal(TDModule(compiled, "x", "y")(td)["y"], torch.full((3,), 0.5)) and len(graphs) == 1

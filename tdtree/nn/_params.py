@@ -15,7 +15,6 @@ from torch import nn
 
 from .._base import Node, make
 from .._node import TensorDict
-from .._tags import tag_rule
 
 __all__ = ["from_module", "functional_call"]
 
@@ -67,7 +66,8 @@ def _node(module: nn.Module, params: bool, buffers: bool) -> TensorDict:
     return make(TensorDict, {}, _NO_BATCH, None) if node is None else node
 
 
-@tag_rule
+# no tag_rule wrapper: a module is not a node, so there are no input tags to follow and the
+# result is untagged; the wrapper would only scan the arguments for nodes on every call
 def from_module(module: nn.Module, *, split: bool = False) -> TensorDict | tuple[TensorDict, TensorDict]:
     """The module's parameters and buffers as a node nested by sub-module path.
 
