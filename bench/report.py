@@ -8,7 +8,9 @@ pytree, and tdtree's speedup over tensordict (its ops over tensordict's; above
 1 is ahead). Ops are 1 / the *median* time, not pytest-benchmark's 1 / mean:
 on a shared machine a few rounds stalled by other processes move the mean by
 tens of percent and the median hardly at all. Below the table: the counts of cases ahead and behind, the
-geometric-mean speedup, and the five cases furthest behind.
+geometric-mean speedup, how many cases meet the suite's goals (2x tensordict; within 1.3x of the
+plain-pytree floor) and in how many the floor itself is under 2x tensordict, and the five cases
+furthest behind.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 
 DEFAULT = Path(__file__).parent / "results" / "latest.json"
 DASH = "—"
+# The suite's goals: ops at least GOAL_SPEEDUP x tensordict's, time at most FLOOR_SLACK x the pytree row's.
+GOAL_SPEEDUP = 2.0
+FLOOR_SLACK = 1.3
 
 
 def fmt_time(seconds: float) -> str:
@@ -67,6 +72,7 @@ def table(cases: dict[str, dict[str, dict[str, Any]]]) -> str:
     ]
     speedups: dict[str, float] = {}
     vs_pytree: list[float] = []
+    floor_vs_td: list[float] = []  # pytree ops / tensordict ops, where a case has both rows
     for case, impls in cases.items():
         mine = impls.get("tdtree")
         ops, ops_td, ops_pt = _ops(mine), _ops(impls.get("tensordict")), _ops(impls.get("pytree"))
@@ -76,6 +82,8 @@ def table(cases: dict[str, dict[str, dict[str, Any]]]) -> str:
             speed = f"{speedups[case]:.2f}x"
         if ops is not None and ops_pt is not None:
             vs_pytree.append(ops / ops_pt)
+        if ops_td is not None and ops_pt is not None:
+            floor_vs_td.append(ops_pt / ops_td)
         max_t = fmt_time(mine["max"]) if mine else DASH
         mean_t = fmt_time(mine["mean"]) if mine else DASH
         lines.append(
@@ -91,6 +99,11 @@ def table(cases: dict[str, dict[str, dict[str, Any]]]) -> str:
         "Ops: 1 / median time. "
         f"Geometric-mean speedup vs tensordict: {geomean(list(speedups.values())):.2f}x"
         + (f"; vs plain pytrees: {geomean(vs_pytree):.2f}x over {len(vs_pytree)} cases." if vs_pytree else "."),
+        f"Goals: {sum(s >= GOAL_SPEEDUP for s in speedups.values())} of {len(speedups)} cases at "
+        f"{GOAL_SPEEDUP:g}x tensordict or more; {sum(r >= 1 / FLOOR_SLACK for r in vs_pytree)} of "
+        f"{len(vs_pytree)} within {FLOOR_SLACK:g}x of the pytree floor. In "
+        f"{sum(r < GOAL_SPEEDUP for r in floor_vs_td)} of the {len(floor_vs_td)} cases with both rows, "
+        f"the pytree floor itself is under {GOAL_SPEEDUP:g}x tensordict.",
     ]
     worst = sorted((kv for kv in speedups.items() if kv[1] < 1), key=lambda kv: kv[1])[:5]
     if worst:
