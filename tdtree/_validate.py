@@ -17,7 +17,7 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["NO_BATCH", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
+__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
 
 
 _Size = torch.Size  # a module global: ``torch.Size`` is an attribute read off the torch module on every use
@@ -49,7 +49,9 @@ def as_device(device: Any) -> torch.device | None:
 
 
 _Tensor = torch.Tensor
-_CPU = torch.device("cpu")
+# The device found on CPU leaves is always this one object, so that a leaf is checked against it by
+# ``is_cpu`` alone, which costs less than reading the leaf's device and comparing it.
+CPU = torch.device("cpu")
 
 
 def _owned(level: dict[str, Any], part: str, made: set[int]) -> dict[str, Any] | None:
@@ -95,18 +97,22 @@ def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     made = {id(out)}
     for key, value in source.items():
+        if type(key) is str and key not in out:  # nothing there to merge with or collide with
+            out[key] = value
+            continue
         path = as_path(key)
         level = out
         for depth, part in enumerate(path[:-1]):
             if part not in level:
-                level[part] = {}
-                made.add(id(level[part]))
-            nxt = _owned(level, part, made)
-            if nxt is None:
-                raise KeyCollisionError(
-                    f"key {display(path)!r} needs {display(path[: depth + 1])!r} to be a node, "
-                    "but a tensor is given for it"
-                )
+                nxt = level[part] = {}
+                made.add(id(nxt))
+            else:
+                nxt = _owned(level, part, made)
+                if nxt is None:
+                    raise KeyCollisionError(
+                        f"key {display(path)!r} needs {display(path[: depth + 1])!r} to be a node, "
+                        "but a tensor is given for it"
+                    )
             level = nxt
         _put(level, path, value, made)
     return out
@@ -209,9 +215,8 @@ def _checked(
     n = len(batch_size)
     checked = {}
     plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
-    # The device leaves must be on: the one given, else the first leaf's. CPU is always the one
-    # _CPU object, so that a CPU leaf is told by ``is_cpu`` alone (less than reading and comparing its device).
-    found = _CPU if device is not None and device == _CPU else device
+    # The device leaves must be on: the one given, else the first leaf's (CPU as the one CPU object).
+    found = CPU if device is not None and device == CPU else device
     # The last leaf shape seen to start with the batch: a node's leaves often share a shape, and a whole
     # shape compares in one step where a prefix check first slices a new Size.
     fits = batch_size
@@ -222,11 +227,11 @@ def _checked(
         # and the errors. A batch () needs no shape at all. ``fits`` takes a shape before its check: when the
         # check fails, entry() raises, so no wrong ``fits`` is ever used.
         if isinstance(v, _Tensor) and (not n or (s := v.shape) == fits or (fits := s)[:n] == batch_size):
-            if v.is_cpu if found is _CPU else (d := v.device) == found:
+            if v.is_cpu if found is CPU else (d := v.device) == found:
                 checked[k] = v
                 continue
             if found is None:  # the first leaf, no device given
-                found = _CPU if d == _CPU else d
+                found = CPU if d == CPU else d
                 checked[k] = v
                 continue
             if device is None:  # leaves on different devices: settle_device decides
@@ -241,7 +246,7 @@ def _checked(
             if on is None or (found is not None and on != found):
                 plain = False
             elif found is None:
-                found = _CPU if on == _CPU else on
+                found = CPU if on == CPU else on
     if not plain:
         return settle_device(checked, device)
     return checked, found if device is None else device
