@@ -217,16 +217,21 @@ def _checked(
     plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
     # The device leaves must be on: the one given, else the first leaf's (CPU as the one CPU object).
     found = CPU if device is not None and device == CPU else device
-    # The last leaf shape seen to start with the batch: a node's leaves often share a shape, and a whole
-    # shape compares in one step where a prefix check first slices a new Size.
-    fits = batch_size
+    # Batches of up to two dims compare by index (a slice makes a new Size); batch () needs no shape.
+    # Only batch dims are compared, never a whole shape with another leaf's: under torch.compile with
+    # dynamic shapes each comparison of symbolic dims is a guard, and one between leaves' other dims
+    # would recompile for nothing.
+    b0 = batch_size[0] if n else 0
+    b1 = batch_size[1] if n > 1 else 0
     # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
     for k in sorted(data):
         v = data[k]
         # The common case (a tensor that fits, on the device) is checked inline; entry() handles the rest
-        # and the errors. A batch () needs no shape at all. ``fits`` takes a shape before its check: when the
-        # check fails, entry() raises, so no wrong ``fits`` is ever used.
-        if isinstance(v, _Tensor) and (not n or (s := v.shape) == fits or (fits := s)[:n] == batch_size):
+        # and the errors.
+        if isinstance(v, _Tensor) and (
+            not n
+            or (len(s := v.shape) >= n and s[0] == b0 and (n == 1 or s[1] == b1) if n < 3 else v.shape[:n] == batch_size)
+        ):
             if v.is_cpu if found is CPU else (d := v.device) == found:
                 checked[k] = v
                 continue
