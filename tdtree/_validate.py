@@ -26,7 +26,7 @@ NO_BATCH = _Size(())  # immutable, so one object serves every node without batch
 
 def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.Size:
     """``batch_size`` as a ``torch.Size``: None is ``()``, an int is one dimension."""
-    size = batch_size
+    size: Any = batch_size
     if type(size) is not _Size:  # a Size is taken as it is: making it again costs as much as a list
         if size is None:
             return NO_BATCH
@@ -103,6 +103,7 @@ def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
         path = as_path(key)
         level = out
         for depth, part in enumerate(path[:-1]):
+            nxt: dict[str, Any] | None
             if part not in level:
                 nxt = level[part] = {}
                 made.add(id(nxt))
