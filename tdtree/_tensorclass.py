@@ -262,7 +262,12 @@ def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device:
     keeping it as is, so the inner node is made directly."""
     cls = type(obj)
     fields, tensors_only, declared_canonical = cls.__dict__.get("_plan") or _plan(cls)
-    if kwargs.keys() != cls._fieldset or (device is not None and type(device) is not torch.device):
+    # Fields given in canonical order (what a tensor-only plan keeps as the node's data) are every
+    # field by name: one compare of the key tuple then stands for the compare of key sets.
+    given = tuple(kwargs) if tensors_only is not None else ()
+    if (given != tensors_only and kwargs.keys() != cls._fieldset) or (
+        device is not None and type(device) is not torch.device
+    ):
         return False
     if batch_size is None:
         batch = NO_BATCH
@@ -289,7 +294,7 @@ def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device:
                 found = CPU if on == CPU else on
             object.__setattr__(obj, name, value)
         else:
-            entries = kwargs if tuple(kwargs) == tensors_only else {k: kwargs[k] for k in tensors_only}
+            entries = kwargs if given == tensors_only else {k: kwargs[k] for k in tensors_only}
             object.__setattr__(obj, "_td", make(TensorDict, entries, batch, found))
             object.__setattr__(obj, "_static", ())
             return True
