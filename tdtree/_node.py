@@ -63,9 +63,7 @@ class TensorDict(Node):
         batch_size: int | Sequence[int] | torch.Size | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        data, meta = construct(type(self), source, batch_size, device)
-        object.__setattr__(self, "_data", data)
-        object.__setattr__(self, "_meta", meta)
+        construct(self, source, batch_size, device)
 
     def __class_getitem__(cls, tags: Tag | tuple[Tag, ...]) -> type:
         """``TensorDict[Shared]``, ``TensorDict[Locked, Shared]``: the cached tagged types."""

@@ -36,13 +36,14 @@ from ._node import TensorDict
 from ._tags import tag_rule
 from ._tcops import RecordOps
 from ._tcpytree import register, rewrap
-from ._validate import NO_BATCH, as_batch_size, as_device, build
+from ._validate import CPU, NO_BATCH, as_batch_size, as_device, build
 from .errors import BatchSizeError, FieldError
 
 __all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "layout", "from_layout"]
 
 STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
 _DATA = (torch.Tensor, Node)
+_Tensor = torch.Tensor  # a module global: ``torch.Tensor`` is an attribute read off the torch module on every use
 
 def _field(*, default: Any = None, kw_only: bool = False) -> Any:
     """The field specifier the type checker reads for ``batch_size`` and ``device``; never called."""
@@ -261,7 +262,12 @@ def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device:
     keeping it as is, so the inner node is made directly."""
     cls = type(obj)
     fields, tensors_only, declared_canonical = cls.__dict__.get("_plan") or _plan(cls)
-    if kwargs.keys() != cls._fieldset or (device is not None and type(device) is not torch.device):
+    # Fields given in canonical order (what a tensor-only plan keeps as the node's data) are every
+    # field by name: one compare of the key tuple then stands for the compare of key sets.
+    given = tuple(kwargs) if tensors_only is not None else ()
+    if (given != tensors_only and kwargs.keys() != cls._fieldset) or (
+        device is not None and type(device) is not torch.device
+    ):
         return False
     if batch_size is None:
         batch = NO_BATCH
@@ -275,17 +281,20 @@ def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device:
     if tensors_only is not None:
         # every field takes a tensor: one loop over the values as given, and ``kwargs`` (the dict
         # __init__ got, which no caller holds) is the node's data when given in canonical order
+        if device is not None and device == CPU:
+            found = CPU
         for name, value in kwargs.items():
-            if type(value) is not torch.Tensor or (n and value.shape[:n] != batch):
+            if type(value) is not _Tensor or (n and value.shape[:n] != batch):
                 break
-            on = value.device
-            if found is None:
-                found = on
-            elif on != found:
-                return False  # moved to ``device``, or on no one device: the full path settles it
+            # as in _validate._checked: a CPU leaf is told by is_cpu alone
+            if not (value.is_cpu if found is CPU else value.device == found):
+                if found is not None:
+                    return False  # moved to ``device``, or on no one device: the full path settles it
+                on = value.device
+                found = CPU if on == CPU else on
             object.__setattr__(obj, name, value)
         else:
-            entries = kwargs if tuple(kwargs) == tensors_only else {k: kwargs[k] for k in tensors_only}
+            entries = kwargs if given == tensors_only else {k: kwargs[k] for k in tensors_only}
             object.__setattr__(obj, "_td", make(TensorDict, entries, batch, found))
             object.__setattr__(obj, "_static", ())
             return True

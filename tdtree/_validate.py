@@ -17,24 +17,26 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["NO_BATCH", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
+__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
 
 
-NO_BATCH = torch.Size(())  # immutable, so one object serves every node without batch dims
+_Size = torch.Size  # a module global: ``torch.Size`` is an attribute read off the torch module on every use
+NO_BATCH = _Size(())  # immutable, so one object serves every node without batch dims
 
 
 def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.Size:
     """``batch_size`` as a ``torch.Size``: None is ``()``, an int is one dimension."""
-    if batch_size is None:
-        return NO_BATCH
-    size = batch_size
-    if type(size) is not torch.Size:  # a Size is taken as it is: making it again costs as much as a list
-        if isinstance(size, int):
-            size = (size,)
+    size: Any = batch_size
+    if type(size) is not _Size:  # a Size is taken as it is: making it again costs as much as a list
+        if size is None:
+            return NO_BATCH
         try:
-            size = torch.Size(size)
+            size = _Size(size)
         except TypeError:
-            raise TypeError(f"batch_size must be a sequence of ints, got {batch_size!r}") from None
+            # an int is one dimension: told here, not before, so a sequence pays no isinstance check
+            if not isinstance(batch_size, int):
+                raise TypeError(f"batch_size must be a sequence of ints, got {batch_size!r}") from None
+            size = _Size((batch_size,))
     # a loop over the few dims of a batch costs half of min()
     for dim in size:
         if dim < 0:
@@ -46,8 +48,10 @@ def as_device(device: Any) -> torch.device | None:
     return None if device is None else torch.device(device)
 
 
-_STR = {str}
 _Tensor = torch.Tensor
+# The device found on CPU leaves is always this one object, so that a leaf is checked against it by
+# ``is_cpu`` alone, which costs less than reading the leaf's device and comparing it.
+CPU = torch.device("cpu")
 
 
 def _owned(level: dict[str, Any], part: str, made: set[int]) -> dict[str, Any] | None:
@@ -84,23 +88,32 @@ def _put(level: dict[str, Any], path: tuple[str, ...], value: Any, made: set[int
 def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
     """A new dict of ``source`` with tuple keys expanded into nested dicts (str keys checked);
     ``source`` and the mappings in it are never changed."""
-    if {*map(type, source)} <= _STR:
+    # a loop costs less than a set of the key types, at 2 keys as at 100
+    for key in source:
+        if type(key) is not str:
+            break
+    else:
         return {**source}  # not dict(source): dynamo traces that through a polyfill that adds guards
     out: dict[str, Any] = {}
     made = {id(out)}
     for key, value in source.items():
+        if type(key) is str and key not in out:  # nothing there to merge with or collide with
+            out[key] = value
+            continue
         path = as_path(key)
         level = out
         for depth, part in enumerate(path[:-1]):
+            nxt: dict[str, Any] | None
             if part not in level:
-                level[part] = {}
-                made.add(id(level[part]))
-            nxt = _owned(level, part, made)
-            if nxt is None:
-                raise KeyCollisionError(
-                    f"key {display(path)!r} needs {display(path[: depth + 1])!r} to be a node, "
-                    "but a tensor is given for it"
-                )
+                nxt = level[part] = {}
+                made.add(id(nxt))
+            else:
+                nxt = _owned(level, part, made)
+                if nxt is None:
+                    raise KeyCollisionError(
+                        f"key {display(path)!r} needs {display(path[: depth + 1])!r} to be a node, "
+                        "but a tensor is given for it"
+                    )
             level = nxt
         _put(level, path, value, made)
     return out
@@ -138,7 +151,7 @@ def entry(
         if device is not None and value._meta[2] != device:
             return build(type(value)._root, value._data, value._meta[1], device, path)
         return retag(value, frozenset())
-    if isinstance(value, Mapping):
+    if type(value) is dict or isinstance(value, Mapping):  # a dict is told apart without the ABC check
         return build(root, nest(value), batch_size, device, path)
     raise TypeError(
         f"entry {display(path)!r} is a {type(value).__name__}; entries are tensors, nodes or dicts "
@@ -168,18 +181,20 @@ def _common_device(values: Any) -> torch.device | None:
     return found
 
 
-def construct(
-    cls: type[Node], source: Mapping[Any, Any] | None, batch_size: Any, device: Any
-) -> tuple[dict[str, Any], tuple[Any, ...]]:
-    """The ``_data`` and ``_meta`` of a node of type ``cls`` made by the constructor (validated, untagged leaves)."""
+def construct(node: Node, source: Mapping[Any, Any] | None, batch_size: Any, device: Any) -> None:
+    """Write the slots of ``node``, fresh from the constructor, from its arguments: the entries
+    validated, untagged and in canonical order, the batch size and the device checked."""
     if isinstance(source, Node):
         source = source._data
     size = as_batch_size(batch_size)
+    # as_device only for a device given (most nodes have none), and after nest() as errors are reported
     if not source:  # nothing to check, nothing to sort
-        dev = as_device(device)
-        return {}, ((), size, dev, cls._tags)
-    data, dev = _checked(cls._root, nest(source), size, as_device(device), ())
-    return data, (tuple(data), size, dev, cls._tags)
+        object.__setattr__(node, "_data", {})
+        object.__setattr__(node, "_meta", ((), size, device if device is None else as_device(device), node._tags))
+        return
+    data, dev = _checked(node._root, nest(source), size, device if device is None else as_device(device), ())
+    object.__setattr__(node, "_data", data)
+    object.__setattr__(node, "_meta", (tuple(data), size, dev, node._tags))
 
 
 def build(
@@ -201,29 +216,32 @@ def _checked(
     n = len(batch_size)
     checked = {}
     plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
-    found: torch.device | None = None  # that device, when none is given
-    # Indexing a torch.Size costs less than slicing it (a new Size): batches of up to two dims compare by index
-    # (batch () needs no shape at all).
-    short = n <= 2
-    b0, b1 = (*batch_size, 0, 0)[:2]
+    # The device leaves must be on: the one given, else the first leaf's (CPU as the one CPU object).
+    found = CPU if device is not None and device == CPU else device
+    # Batches of up to two dims compare by index (a slice makes a new Size); batch () needs no shape.
+    # Only batch dims are compared, never a whole shape with another leaf's: under torch.compile with
+    # dynamic shapes each comparison of symbolic dims is a guard, and one between leaves' other dims
+    # would recompile for nothing.
+    b0 = batch_size[0] if n else 0
+    b1 = batch_size[1] if n > 1 else 0
     # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
     for k in sorted(data):
         v = data[k]
-        # The common case (a tensor that fits) is checked inline; entry() handles the rest and the errors.
+        # The common case (a tensor that fits, on the device) is checked inline; entry() handles the rest
+        # and the errors.
         if isinstance(v, _Tensor) and (
-            (n == 0 or len(s := v.shape) >= n and s[0] == b0 and (n < 2 or s[1] == b1))
-            if short
-            else v.shape[:n] == batch_size
+            not n
+            or (len(s := v.shape) >= n and s[0] == b0 and (n == 1 or s[1] == b1) if n < 3 else v.shape[:n] == batch_size)
         ):
-            d = v.device
-            if device is None:
-                if found is None:
-                    found = d
-                elif plain and d != found:
-                    plain = False
+            if v.is_cpu if found is CPU else (d := v.device) == found:
                 checked[k] = v
                 continue
-            if d == device:
+            if found is None:  # the first leaf, no device given
+                found = CPU if d == CPU else d
+                checked[k] = v
+                continue
+            if device is None:  # leaves on different devices: settle_device decides
+                plain = False
                 checked[k] = v
                 continue
         checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
@@ -234,7 +252,7 @@ def _checked(
             if on is None or (found is not None and on != found):
                 plain = False
             elif found is None:
-                found = on
+                found = CPU if on == CPU else on
     if not plain:
         return settle_device(checked, device)
     return checked, found if device is None else device

@@ -60,6 +60,20 @@ def test_torch_stack_of_nodes_compiles():
     check_compiled(lambda td: torch.stack([td, td], 0), flat(), "eager")
 
 
+def test_constructor_guards_batch_dims_only():
+    # With dynamic shapes, comparing two leaves' whole shapes would guard on their other dims, and a
+    # call where those dims relate differently (here: equal after unequal) would compile again.
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    fn = torch.compile(
+        lambda x, y: TensorDict({"a": x, "b": y}, [x.shape[0]])["b"] * 2, fullgraph=True, backend=counter, dynamic=True
+    )
+    for x, y in [(torch.ones(4, 3), torch.ones(4, 5)), (torch.ones(5, 6), torch.ones(5, 6))]:
+        assert_equal(fn(x, y), y * 2)
+    assert counter.frame_count == 1
+
+
 def _seq() -> TDSequential:
     ident = torch.nn.Identity()
     return TDSequential(TDModule(ident, "a", "h"), TDModule(ident, "h", ("c", "d")), selected_out_keys=[("c", "d")])
