@@ -3,10 +3,17 @@
 A node holds two slots: ``_data``, a dict from key to leaf in canonical
 (sorted) key order, and ``_meta``, the static metadata
 ``(keys, batch_size, device, tags)`` that is also the node's pytree metadata.
-``make`` and ``from_meta`` build nodes without validation: they are for
-results of operations, whose inputs were validated when they entered. Slots are
-written with a literal ``object.__setattr__`` because dynamo recognises that
-spelling and traces node construction with it.
+``make``, ``from_meta``, ``with_meta`` and ``twin`` build nodes without
+validation: they are for results of operations, whose inputs were validated
+when they entered; ``fill`` writes the slots of a node the constructor made.
+
+These five are the only code that writes slots. Eager code writes them through
+the slot descriptors, at about half the cost of ``object.__setattr__`` (which
+builds an argument tuple per call); a node is made for every result, so this
+is a fixed cost of every operation. Dynamo cannot trace a descriptor's
+``__set__``, so each of the five has a traced twin, registered with
+``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
+writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from __future__ import annotations
 from typing import Any, ClassVar, TypeVar
 
 import torch
+from torch.compiler import substitute_in_graph
 
-__all__ = ["Node", "NodeT", "make", "from_meta", "twin", "sorted_data", "leaf_or_node"]
+__all__ = ["Node", "NodeT", "make", "from_meta", "with_meta", "twin", "fill", "sorted_data", "leaf_or_node"]
 
 
 class Node:
@@ -51,28 +59,80 @@ class Node:
 NodeT = TypeVar("NodeT", bound=Node)
 
 
-def make(cls: type[Node], data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
-    """Build a node of type ``cls`` from ``data`` already in canonical key order."""
-    node = object.__new__(cls)
+_new = object.__new__
+# the slot descriptors themselves (``Node._data`` reads the descriptor too, but is typed as the slot's value)
+_set_data = vars(Node)["_data"].__set__
+_set_meta = vars(Node)["_meta"].__set__
+
+
+def _traced(node: Any, data: dict[str, Any], meta: tuple) -> Any:
+    """The slot writes as compiled code spells them (the traced twins below share it)."""
     object.__setattr__(node, "_data", data)
-    object.__setattr__(node, "_meta", (tuple(data), batch_size, device, cls._tags))
-    return node
-
-
-def from_meta(cls: type[Node], meta: tuple, values: Any) -> Any:
-    """Build a node from pytree metadata and children (the unflatten path)."""
-    node = object.__new__(cls)
-    object.__setattr__(node, "_data", dict(zip(meta[0], values)))
     object.__setattr__(node, "_meta", meta)
     return node
 
 
+def make(cls: type[Node], data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
+    """Build a node of type ``cls`` from ``data`` already in canonical key order."""
+    node = _new(cls)
+    _set_data(node, data)
+    _set_meta(node, (tuple(data), batch_size, device, cls._tags))
+    return node
+
+
+@substitute_in_graph(make)
+def _make_traced(cls: type[Node], data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
+    return _traced(object.__new__(cls), data, (tuple(data), batch_size, device, cls._tags))
+
+
+def from_meta(cls: type[Node], meta: tuple, values: Any) -> Any:
+    """Build a node from pytree metadata and children (the unflatten path)."""
+    node = _new(cls)
+    _set_data(node, dict(zip(meta[0], values)))
+    _set_meta(node, meta)
+    return node
+
+
+@substitute_in_graph(from_meta)
+def _from_meta_traced(cls: type[Node], meta: tuple, values: Any) -> Any:
+    return _traced(object.__new__(cls), dict(zip(meta[0], values)), meta)
+
+
+def with_meta(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
+    """Build a node of type ``cls`` from ``data`` and its metadata ``meta`` (``meta[0]`` is ``tuple(data)``)."""
+    node = _new(cls)
+    _set_data(node, data)
+    _set_meta(node, meta)
+    return node
+
+
+@substitute_in_graph(with_meta)
+def _with_meta_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
+    return _traced(object.__new__(cls), data, meta)
+
+
 def twin(node: NodeT) -> NodeT:
     """A new node object of ``node``'s type over the same entries and metadata."""
-    out = object.__new__(type(node))
-    object.__setattr__(out, "_data", node._data)
-    object.__setattr__(out, "_meta", node._meta)
+    out = _new(type(node))
+    _set_data(out, node._data)
+    _set_meta(out, node._meta)
     return out
+
+
+@substitute_in_graph(twin)
+def _twin_traced(node: NodeT) -> NodeT:
+    return _traced(object.__new__(type(node)), node._data, node._meta)
+
+
+def fill(node: Node, data: dict[str, Any], meta: tuple) -> None:
+    """Write the slots of ``node``, made by its type's constructor."""
+    _set_data(node, data)
+    _set_meta(node, meta)
+
+
+@substitute_in_graph(fill)
+def _fill_traced(node: Node, data: dict[str, Any], meta: tuple) -> None:
+    _traced(node, data, meta)
 
 
 def sorted_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, NodeT, make, sorted_data
+from ._base import Node, NodeT, make, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
 from ._tags import Locked, tag_rule
 from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
@@ -219,15 +219,9 @@ def _chain(
         data, dev = settle_device(data, device)
     node: Any = data[path[-1]]
     tags = cls._tags
-    # make() inlined (a deep new path makes one node per level), its two builtins looked up once: a
-    # local bound to ``object.__setattr__`` is what dynamo traces for the literal spelling too
-    new, write = object.__new__, object.__setattr__
     # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
     for part in path[::-1]:
-        parent = new(cls)
-        write(parent, "_data", {part: node})
-        write(parent, "_meta", ((part,), batch_size, dev, tags))
-        node = parent
+        node = with_meta(cls, {part: node}, ((part,), batch_size, dev, tags))
     return node
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import optree
 import torch
 
-from ._base import Node, NodeT, make, twin
+from ._base import Node, NodeT, make, twin, with_meta
 from ._keyops import walk
 from ._keys import display
 from ._pytree import NAMESPACE
@@ -47,16 +47,9 @@ def flat(node: Node) -> tuple[list[Any], Node]:
     return leaves(node), node
 
 
-def _same_meta(spec: Node, data: dict[str, Any]) -> Node:
-    """A node of ``spec``'s type and metadata holding ``data`` (``spec``'s keys, in order)."""
-    node = object.__new__(type(spec))
-    object.__setattr__(node, "_data", data)
-    object.__setattr__(node, "_meta", spec._meta)
-    return node
-
-
 def _refill(spec: Node, it: Iterator[Any]) -> Node:
-    return _same_meta(spec, {k: _refill(v, it) if isinstance(v, Node) else next(it) for k, v in spec._data.items()})
+    data = {k: _refill(v, it) if isinstance(v, Node) else next(it) for k, v in spec._data.items()}
+    return with_meta(type(spec), data, spec._meta)
 
 
 def unflat(spec: Node, values: Iterable[Any]) -> Any:
@@ -65,7 +58,8 @@ def unflat(spec: Node, values: Iterable[Any]) -> Any:
 
 
 def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
-    return _same_meta(spec, {k: _mapped(fn, v) if isinstance(v, Node) else fn(v) for k, v in spec._data.items()})
+    data = {k: _mapped(fn, v) if isinstance(v, Node) else fn(v) for k, v in spec._data.items()}
+    return with_meta(type(spec), data, spec._meta)
 
 
 def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:

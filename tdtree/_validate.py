@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, make
+from ._base import Node, fill, make
 from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
@@ -189,12 +189,10 @@ def construct(node: Node, source: Mapping[Any, Any] | None, batch_size: Any, dev
     size = as_batch_size(batch_size)
     # as_device only for a device given (most nodes have none), and after nest() as errors are reported
     if not source:  # nothing to check, nothing to sort
-        object.__setattr__(node, "_data", {})
-        object.__setattr__(node, "_meta", ((), size, device if device is None else as_device(device), node._tags))
+        fill(node, {}, ((), size, device if device is None else as_device(device), node._tags))
         return
     data, dev = _checked(node._root, nest(source), size, device if device is None else as_device(device), ())
-    object.__setattr__(node, "_data", data)
-    object.__setattr__(node, "_meta", (tuple(data), size, dev, node._tags))
+    fill(node, data, (tuple(data), size, dev, node._tags))
 
 
 def build(

@@ -42,6 +42,12 @@ CASES: dict[str, tuple[Callable[[TensorDict], Any], Callable[[], TensorDict]]] =
     "add-nested": (lambda td: td + 1, nested),
     "apply": (lambda td: td.apply(lambda x: x * 2 - 1), nested),
     "stack": (lambda td: tt.stack([td, td + 1], 1), nested),
+    # one case per node factory of tdtree._base (their eager bodies are not traceable; their twins are)
+    "construct": (lambda td: TensorDict({"x": td["a"] * 2, ("y", "z"): td["b"]}, [4]), flat),
+    "make": (lambda td: td.select("a") + 1, nested),
+    "from_meta": (lambda td: tt.tree.map(lambda x: x * 2, td), nested),
+    "with_meta-chain": (lambda td: td.set(("p", "q", "r"), td["a"] * 2), nested),
+    "twin": (lambda td: td.clone(recurse=False).set("e", td["a"] * 2), nested),
 }
 
 
@@ -97,3 +103,24 @@ def test_compiled_editors_guard_nothing_of_dynamo_polyfills(name):
     guards = {g.name for g in torch._dynamo.explain(EDITORS[name])(nested()).out_guards}
     assert guards, "no graph: nothing was checked"
     assert not [g for g in guards if "polyfills" in g or g.endswith((".cast", "['reversed']"))]
+
+
+def test_traced_node_factories_build_what_the_eager_ones_build():
+    # compiled code runs the twins in place of the factories: a drift between the two would make
+    # compiled results differ from eager ones
+    from tdtree import _base
+
+    td = nested()
+    data, meta = td._data, td._meta
+    pairs = [
+        (_base.make(TensorDict, data, meta[1], meta[2]), _base._make_traced(TensorDict, data, meta[1], meta[2])),
+        (_base.from_meta(TensorDict, meta, data.values()), _base._from_meta_traced(TensorDict, meta, data.values())),
+        (_base.with_meta(TensorDict, data, meta), _base._with_meta_traced(TensorDict, data, meta)),
+        (_base.twin(td), _base._twin_traced(td)),
+    ]
+    filled, filled_traced = object.__new__(TensorDict), object.__new__(TensorDict)
+    _base.fill(filled, data, meta)
+    _base._fill_traced(filled_traced, data, meta)
+    for eager, traced in [*pairs, (filled, filled_traced)]:
+        assert type(eager) is type(traced) is TensorDict
+        assert eager._data == traced._data == data and eager._meta == traced._meta == meta
