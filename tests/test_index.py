@@ -132,6 +132,27 @@ def test_at_set_errors() -> None:
         td.at[0].set("x")
 
 
+def test_at_set_node_values_to_cast_or_broadcast() -> None:
+    td = make_td()
+    sub = tt.TensorDict({"c": torch.full((4, 5, 2), -1.0, dtype=torch.float64)}, [4, 5])
+    a, b = torch.full((4, 1), -1.0, dtype=torch.float16), torch.full((4,), -1, dtype=torch.int32)
+    value = tt.TensorDict({"a": a, "b": b, "sub": sub}, [4])  # other dtypes; "a" broadcasts
+    out = td.at[0].set(value)
+    assert out["a"][0].eq(-1).all() and out["a"].dtype == torch.float32 and out["b"][0].eq(-1).all()
+    assert out["sub", "c"][0].eq(-1).all() and out["sub", "c"].dtype == torch.float32
+    assert_equal(out[1:], td[1:])
+
+
+def test_at_set_checks_every_value_before_torch_writes() -> None:
+    td = make_td()
+    bad_b = td[torch.tensor([1])].exclude("b").set("b", torch.zeros(1, 4))
+    # torch refuses index 5 at the first leaf "a"; the value at "b" is refused first, as set_ would
+    with pytest.raises(TypeError, match=r"value at 'b' is torch.float32, which cannot be cast safely"):
+        td.at[torch.tensor([5])].set(bad_b)
+    with pytest.raises(IndexError):
+        td.at[torch.tensor([5])].set(td[torch.tensor([1])])
+
+
 def test_at_set_inplace() -> None:
     td = make_td().lock()
     a = td["a"]
