@@ -19,7 +19,7 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT, from_meta
-from ._inplace import _broadcasts
+from ._inplace import _broadcasts, _same_device
 from ._keyops import check_unlocked, walk
 from ._maps import flat, rebuild, unflat
 from ._tags import tag_rule
@@ -93,7 +93,8 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
                 return (index,), torch.Size((*index.shape, *batch[1:]))
             k = index.dim()
             if k and index.shape == batch[:k]:
-                # a mask over the leading batch dims: its indices stand side by side where it stood
+                # a mask over the leading batch dims: one nonzero() indexes every leaf, and the masked dims
+                # become one dim of the count of True
                 parts = index.nonzero(as_tuple=True)
                 return parts, torch.Size((len(parts[0]), *batch[k:]))
     raw = index if type(index) is tuple else (index,)
@@ -310,12 +311,11 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     if isinstance(value, Node):
         leaf_index, new = normalize(node._meta[1], index)
         if value._meta[1] == new:
-            same_device = node._meta[2] is not None and value._meta[2] == node._meta[2]
             try:
-                return _scattered(node, value, leaf_index, new, len(node._meta[1]), same_device)
-            except Exception:  # noqa: BLE001
-                # _Misfit, or torch refused a write: the checked path below writes what the one pass does not
-                # take (values to broadcast or cast, other keys) and raises each error as it always has
+                return _scattered(node, value, leaf_index, new, len(node._meta[1]), _same_device(node, value))
+            except Exception:  # noqa: BLE001 - a _Misfit, or torch refused a write: the checked path decides
+                # it writes what the one pass does not take (values to broadcast or cast, other keys), and it
+                # checks every value before torch writes, so each error is the one it always was
                 pass
     leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set")
     return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
