@@ -178,4 +178,7 @@ def test_at_set_inplace_checks_before_writing() -> None:
 def test_range_index_is_a_list_of_ints() -> None:
     td = tt.TensorDict({"a": torch.arange(12.0).reshape(4, 3)}, [4])
     assert torch.equal(td[range(1, 3)]["a"], td["a"][[1, 2]])
+    assert torch.equal(td[range(3, 0, -2)]["a"], td["a"][[3, 1]])
+    assert torch.equal(td[range(-2, 0)]["a"], td["a"][[-2, -1]])
     assert td[range(0)].batch_size == torch.Size([0])
+    assert torch.equal(td.at[range(3, 0, -2)].set(-1.0)["a"][[3, 1]], torch.full((2, 3), -1.0))
