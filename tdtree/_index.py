@@ -18,8 +18,8 @@ from typing import Any, Generic
 
 import torch
 
-from ._base import Node, NodeT
-from ._inplace import _broadcasts
+from ._base import Node, NodeT, from_meta
+from ._inplace import _broadcasts, _same_device
 from ._keyops import check_unlocked, walk
 from ._maps import flat, rebuild, unflat
 from ._tags import tag_rule
@@ -45,8 +45,10 @@ def _item(item: Any, index: tuple) -> Any:
         return item
     if type(item) is str or type(item) is tuple:
         raise _mixed(index)
-    if type(item) is list or type(item) is range:
-        return torch.tensor(list(item)) if len(item) else torch.zeros(0, dtype=torch.long)
+    if type(item) is range:
+        return torch.arange(item.start, item.stop, item.step)  # the ints of list(item), half the cost
+    if type(item) is list:
+        return torch.tensor(item) if item else torch.zeros(0, dtype=torch.long)
     if hasattr(item, "__index__"):
         return item.__index__()
     raise TypeError(
@@ -72,7 +74,7 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
         TypeError: a key mixed with an index, or an unsupported index type.
     """
     # the common indices (None, ..., an int, a positive slice, a tuple of them, one index tensor or
-    # list) skip the general normalization
+    # list, a mask over the leading dims) skip the general normalization
     if index is None:
         return (None,), torch.Size((1, *batch))
     if index is Ellipsis:
@@ -88,8 +90,15 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
             return (index,), torch.Size((len(range(*index.indices(batch[0]))), *batch[1:]))
         if type(index) is list or type(index) is range:
             index = _item(index, (index,))
-        if isinstance(index, torch.Tensor) and index.dtype != torch.bool:
-            return (index,), torch.Size((*index.shape, *batch[1:]))
+        if isinstance(index, torch.Tensor):
+            if index.dtype != torch.bool:
+                return (index,), torch.Size((*index.shape, *batch[1:]))
+            k = index.dim()
+            if k and index.shape == batch[:k]:
+                # a mask over the leading batch dims: one nonzero() indexes every leaf, and the masked dims
+                # become one dim of the count of True
+                parts = index.nonzero(as_tuple=True)
+                return parts, torch.Size((len(parts[0]), *batch[k:]))
     raw = index if type(index) is tuple else (index,)
     items = [_item(i, raw) for i in raw]
     n = len(batch)
@@ -184,7 +193,7 @@ def _plain(batch: torch.Size, index: tuple) -> tuple[tuple[Any, ...], torch.Size
 
 def _broadcast_shapes(shapes: list[torch.Size]) -> tuple[int, ...]:
     """``torch.broadcast_shapes(*shapes)`` by arithmetic: torch's costs ~14 us a call in Python."""
-    if len(shapes) == 1:
+    if shapes.count(shapes[0]) == len(shapes):
         return shapes[0]
     out = [1] * max(map(len, shapes))
     for shape in shapes:
@@ -301,8 +310,44 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     Locked node. Leaves are new storage, so tags are dropped.
     """
     check_unlocked(node, "at[...].set")
+    if isinstance(value, Node):
+        leaf_index, new = normalize(node._meta[1], index)
+        if value._meta[1] == new:
+            try:
+                return _scattered(node, value, leaf_index, new, len(node._meta[1]), _same_device(node, value))
+            except Exception:  # noqa: BLE001 - a _Misfit, or torch refused a write: the checked path decides
+                # it writes what the one pass does not take (values to broadcast or cast, other keys), and it
+                # checks every value before torch writes, so each error is the one it always was
+                pass
     leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set")
     return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
+
+
+def _scattered(node: Node, value: Node, index: tuple[Any, ...], new: torch.Size, n: int, same_device: bool) -> Any:
+    """``scatter`` of a node value in one pass, for values of the leaves' dtypes and exact shapes (on their
+    devices): the result has ``node``'s keys and metadata. Raises on anything else, for the checked path."""
+    if node._meta[0] != value._meta[0]:
+        raise _Misfit
+    out = []
+    for leaf, v in zip(node._data.values(), value._data.values()):
+        if isinstance(leaf, Node):
+            if not isinstance(v, Node):
+                raise _Misfit
+            out.append(_scattered(leaf, v, index, new, n, same_device))
+        elif (
+            isinstance(v, torch.Tensor)
+            and v.dtype == leaf.dtype
+            and v.shape == torch.Size((*new, *leaf.shape[n:]))
+            and (same_device or v.device == leaf.device)
+        ):
+            out.append(_put(leaf, index, v))
+        else:
+            raise _Misfit
+    return from_meta(type(node), node._meta, out)
+
+
+class _Misfit(Exception):
+    """A value the one-pass scatter does not take as it is (the checked path decides)."""
 
 
 def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:

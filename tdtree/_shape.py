@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, NodeT, make
+from ._base import Node, NodeT, from_meta
 from ._maps import rebuild
 from ._tags import tag_rule
 from .errors import BatchDimError, BatchSizeError
@@ -219,18 +219,19 @@ def _rebuild_many(
     n = len(node._meta[1])
     count = len(root_batches)
 
-    def visit(x: Any) -> Sequence[Any]:
-        if not isinstance(x, Node):
-            return leaf_fn(x)
-        keys, batch_size, device, _ = x._meta
-        columns = zip(*(visit(v) for v in x._data.values())) if keys else [()] * count
-        cls = type(x)
+    def visit(x: Node) -> list[Any]:
+        keys, batch_size, device, tags = x._meta
+        # leaves inline: a call per leaf less
+        parts = [visit(v) if isinstance(v, Node) else leaf_fn(v) for v in x._data.values()]
+        columns = zip(*parts) if keys else [()] * count
         if len(batch_size) == n:
             sizes = root_batches
         else:  # a sub-node's extra batch dims follow the root's new ones
             extra = batch_size[n:]
             sizes = [torch.Size((*root, *extra)) for root in root_batches]
-        return [make(cls, dict(zip(keys, column)), size, device) for size, column in zip(sizes, columns)]
+        cls = type(x)
+        # the results differ from x only in batch size: x's keys, device and tags make their metadata
+        return [from_meta(cls, (keys, size, device, tags), column) for size, column in zip(sizes, columns)]
 
     return tuple(visit(node))
 

@@ -132,6 +132,27 @@ def test_at_set_errors() -> None:
         td.at[0].set("x")
 
 
+def test_at_set_node_values_to_cast_or_broadcast() -> None:
+    td = make_td()
+    sub = tt.TensorDict({"c": torch.full((4, 5, 2), -1.0, dtype=torch.float64)}, [4, 5])
+    a, b = torch.full((4, 1), -1.0, dtype=torch.float16), torch.full((4,), -1, dtype=torch.int32)
+    value = tt.TensorDict({"a": a, "b": b, "sub": sub}, [4])  # other dtypes; "a" broadcasts
+    out = td.at[0].set(value)
+    assert out["a"][0].eq(-1).all() and out["a"].dtype == torch.float32 and out["b"][0].eq(-1).all()
+    assert out["sub", "c"][0].eq(-1).all() and out["sub", "c"].dtype == torch.float32
+    assert_equal(out[1:], td[1:])
+
+
+def test_at_set_checks_every_value_before_torch_writes() -> None:
+    td = make_td()
+    bad_b = td[torch.tensor([1])].exclude("b").set("b", torch.zeros(1, 4))
+    # torch refuses index 5 at the first leaf "a"; the value at "b" is refused first, as set_ would
+    with pytest.raises(TypeError, match=r"value at 'b' is torch.float32, which cannot be cast safely"):
+        td.at[torch.tensor([5])].set(bad_b)
+    with pytest.raises(IndexError):
+        td.at[torch.tensor([5])].set(td[torch.tensor([1])])
+
+
 def test_at_set_inplace() -> None:
     td = make_td().lock()
     a = td["a"]
@@ -157,4 +178,7 @@ def test_at_set_inplace_checks_before_writing() -> None:
 def test_range_index_is_a_list_of_ints() -> None:
     td = tt.TensorDict({"a": torch.arange(12.0).reshape(4, 3)}, [4])
     assert torch.equal(td[range(1, 3)]["a"], td["a"][[1, 2]])
+    assert torch.equal(td[range(3, 0, -2)]["a"], td["a"][[3, 1]])
+    assert torch.equal(td[range(-2, 0)]["a"], td["a"][[-2, -1]])
     assert td[range(0)].batch_size == torch.Size([0])
+    assert torch.equal(td.at[range(3, 0, -2)].set(-1.0)["a"][[3, 1]], torch.full((2, 3), -1.0))
