@@ -74,8 +74,16 @@ def storages(td):
 
 
 def basic(index):
+    """True when torch indexes a tensor with ``index`` by views: ints, slices, None, ``...``, and 0-dim
+    integer tensors (torch reads those as ints)."""
     parts = index if isinstance(index, tuple) else (index,)
-    return all(p is None or p is Ellipsis or type(p) in (int, slice) for p in parts)
+    return all(
+        p is None
+        or p is Ellipsis
+        or type(p) in (int, slice)
+        or (isinstance(p, torch.Tensor) and p.dim() == 0 and not p.is_floating_point() and p.dtype != torch.bool)
+        for p in parts
+    )
 
 
 @given(NODES, st.data())

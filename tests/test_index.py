@@ -59,6 +59,10 @@ def test_views_and_tags() -> None:
     assert type(locked[torch.tensor([0, 1])]) is tt.TensorDict
     assert type(locked[torch.tensor([True, False, True])]) is tt.TensorDict
     assert type(locked[[0]]) is tt.TensorDict
+    # torch reads a 0-dim integer tensor as an int, so these are views and keep Locked (found by the
+    # index law under the random profile)
+    assert type(locked[torch.tensor(0), None]) is tt.TensorDict[tt.Locked]
+    assert type(locked[torch.tensor(1)]) is tt.TensorDict[tt.Locked]
 
 
 def test_keys_still_work() -> None:
