@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import tdtree as tt
@@ -76,6 +76,9 @@ def test_like_functions(td, name):
 
 
 @given(nodes, st.sampled_from([torch.float64, torch.int32, torch.bool]))
+# found by the random profile: the one leaf converted is empty, so its new storage holds no bytes and
+# does not decide; the other leaf is returned as it is, and Locked stays
+@example(TensorDict({"a": torch.zeros(0), "b": torch.tensor(True)}), torch.bool)
 def test_to_dtype(td, dtype):
     before = snapshot(td)
     out = td.to(dtype)
@@ -85,6 +88,9 @@ def test_to_dtype(td, dtype):
     if all(x.dtype == dtype for x in tt.tree.leaves(td)):
         assert locked.tags == frozenset({Locked})
         assert_shares_storage(locked, td)
+    elif all(x.numel() == 0 for x in tt.tree.leaves(td) if x.dtype != dtype):
+        # the converted leaves are empty: new storages without bytes, which never decide
+        assert locked.tags == frozenset({Locked})
     else:
         assert_drops_tags(locked)
 
