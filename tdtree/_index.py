@@ -37,7 +37,16 @@ def _mixed(index: tuple) -> TypeError:
 
 def _item(item: Any, index: tuple) -> Any:
     """One part of an index in the form the arithmetic reads: int, slice, None, ..., or a tensor."""
-    if item is None or item is Ellipsis or type(item) is slice or isinstance(item, torch.Tensor):
+    if isinstance(item, torch.Tensor):
+        if item.dtype == torch.uint8 or (item.dtype == torch.bool and item.dim() == 0):
+            # torch reads both as masks that add a dim (uint8 with a deprecation warning): refused, as a
+            # Python bool is, rather than modelled
+            raise TypeError(
+                f"a {'uint8' if item.dtype == torch.uint8 else '0-dim bool'} tensor index is not supported: "
+                "use a bool tensor mask over batch dims, None to add a dim, or a long tensor of positions"
+            )
+        return item
+    if item is None or item is Ellipsis or type(item) is slice:
         return item
     if type(item) is bool:
         raise TypeError(f"a bool index ({item}) is not supported: use None to add a dim, or a bool tensor mask")
@@ -91,10 +100,12 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
         if type(index) is list or type(index) is range:
             index = _item(index, (index,))
         if isinstance(index, torch.Tensor):
-            if index.dtype != torch.bool:
+            dtype = index.dtype
+            if dtype != torch.bool and dtype != torch.uint8:  # uint8: refused by the general path
+                # a 0-dim tensor of ints selects like an int (torch's rule): shape () adds no dim
                 return (index,), torch.Size((*index.shape, *batch[1:]))
             k = index.dim()
-            if k and index.shape == batch[:k]:
+            if dtype == torch.bool and k and index.shape == batch[:k]:
                 # a mask over the leading batch dims: one nonzero() indexes every leaf, and the masked dims
                 # become one dim of the count of True
                 parts = index.nonzero(as_tuple=True)
@@ -148,7 +159,10 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
             dim += k
         else:
             leaf.append(item)
-            kept.append(item)
+            if item.dim():
+                kept.append(item)
+            # else a 0-dim tensor of ints: torch selects with it as with an int (before the index tensors
+            # are paired), so it keeps no dim and takes no part in where their dims go; torch checks its range
             dim += 1
     kept.extend(batch[dim:])
     return tuple(leaf), _result_size(kept)

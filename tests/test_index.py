@@ -1,5 +1,7 @@
 """Indexing over the batch dims and the scatter td.at[idx].set / set_."""
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -101,6 +103,33 @@ def test_index_errors() -> None:
         td[True]
     with pytest.raises(TypeError, match="unsupported index"):
         td[1.5]
+    # torch reads both as masks that add a dim; refused like a Python bool
+    with pytest.raises(TypeError, match="0-dim bool tensor index is not supported"):
+        td[:, torch.tensor(False)]
+    with pytest.raises(TypeError, match="uint8 tensor index is not supported"):
+        td[torch.tensor([1, 0, 1], dtype=torch.uint8)]
+
+
+T0, T1 = torch.tensor(0), torch.tensor(1)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [T1, (T0, None), (T0, slice(None), [0]), (slice(None), T1, [0, 1]), ([0, 1], slice(None), T0), (T0, T1),
+     (None, T1, ..., [2]), ([1], slice(None), T0)],
+    ids=repr,
+)
+def test_a_0_dim_int_tensor_indexes_as_an_int(index: Any) -> None:
+    # torch selects with a 0-dim tensor of ints before it pairs the index tensors, so where their dims
+    # go is decided as for an int (found by the index laws: the batch size once disagreed with the leaves)
+    a = torch.arange(60.0).reshape(3, 4, 5)
+    td = tt.TensorDict({"a": a, "sub": {"c": torch.zeros(3, 4, 5, 2)}}, [3, 4, 5])
+    out = td[index]
+    assert out.batch_size == a[index].shape and torch.equal(out["a"], a[index])
+    assert out["sub"].batch_size == a[index].shape and out["sub", "c"].shape == (*a[index].shape, 2)
+    expected = a.clone()
+    expected[index] = a[index] + 100
+    assert torch.equal(td.at[index].set(out.apply(lambda x: x + 100))["a"], expected)
 
 
 def test_at_set_functional() -> None:
