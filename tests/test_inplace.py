@@ -349,3 +349,22 @@ def test_writers_trace_without_graph_breaks() -> None:
     assert_equal(td, eager_td)
     assert_equal(other, eager_other)
     assert torch.equal(td["a"], torch.tensor([3.0, 4.0])) and torch.equal(td["b"], torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_writers_read_every_value_before_writing(backend: str) -> None:
+    # Compiled code copies every value before the write: a swap and a value overlapping the leaf it
+    # is written to give eager's result, through dynamo alone and through aot_autograd's functional graph.
+    torch._dynamo.reset()
+    td = tt.TensorDict({"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 4.0])}, batch_size=[2])
+    torch.compile(lambda t: t.update_({"a": t["b"], "b": t["a"]}), fullgraph=True, backend=backend)(td)
+    assert torch.equal(td["a"], torch.tensor([3.0, 4.0])) and torch.equal(td["b"], torch.tensor([1.0, 2.0]))
+    base = torch.arange(4.0)
+    td = tt.TensorDict({"a": base[1:], "b": base[:3]}, batch_size=[3])
+    torch.compile(lambda t: t.update_({"a": t["b"]}), fullgraph=True, backend=backend)(td)
+    assert torch.equal(base, torch.tensor([0.0, 0.0, 1.0, 2.0]))
+    # both values read first ([0, 0, 1] and [0, 1, 2]), then "a" (base[1:]) and "b" (base[:3]) written
+    other = tt.TensorDict({"a": base[:3], "b": base[1:]}, batch_size=[3])
+    torch.compile(lambda t, o: t.copy_(o), fullgraph=True, backend=backend)(td, other)
+    assert torch.equal(base, torch.tensor([0.0, 1.0, 2.0, 1.0]))
+    torch._dynamo.reset()
