@@ -125,7 +125,7 @@ def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
     if data is node._data and type(node)._tags == tags:
         return node
     root = type(node)._root
-    cls = types.get(root)
+    cls: Any = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
     if cls is None:
         cls = types[root] = tagged_type(root, tags)
     # a node's entries never change once built, so an unchanged dict is shared, as twin() shares it
