@@ -157,7 +157,8 @@ class _Writes:
 def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
     """For each of ``values``: whether it uses a storage one of ``targets`` uses; ``()`` when none does."""
     # nonstrict_trace: under torch.compile this runs on the fake tensors at
-    # trace time (they keep their storages' identity), as the tag rule does.
+    # trace time (they keep their storages' identity), as the tag rule does, and
+    # like it leaves no call in what inductor or aot_eager run (see _tags._new_storages).
     # The identity is tags.storage_key's, without its zero-byte exception: a
     # shared empty storage only costs a needless clone of an empty value.
     known = set(storage_ids(targets))

@@ -161,6 +161,9 @@ def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor])
     # nonstrict_trace: under torch.compile dynamo runs this on the fake tensors
     # at trace time (fakes keep their storages' identity) and keeps the bools as
     # constants, so the rule adds no graph break; in eager it is a plain call.
+    # Dynamo's graph keeps a call of it whose result nothing reads: AOTAutograd
+    # traces that to nothing (inductor and aot_eager never call it again), and
+    # only the "eager" backend, which runs dynamo's graph as it is, calls it per run.
     same = set(map(id, inputs))
     known: set[int] | None = None
     decided = []
