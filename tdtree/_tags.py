@@ -185,14 +185,15 @@ def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor])
 
 def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
     """Append ``node``'s leaves to ``out`` (depth first); whether every node of it carries exactly ``tags``."""
-    # nodes hold only tensors and nodes: a walk of ``_data`` (optree would call back per node
-    # and check every leaf against its registry), which also tells whether retag has work to do
+    # a walk of ``_data`` (optree would call back per node and check every leaf against its
+    # registry), which also tells whether retag has work to do; a leaf that is not a tensor (the
+    # placeholders torch unflattens into node structures) holds no storage and is passed over
     uniform = type(node)._tags == tags
     for v in node._data.values():
-        if isinstance(v, Node):
-            uniform = _scan(v, tags, out) and uniform
-        else:
+        if isinstance(v, torch.Tensor):
             out.append(v)
+        elif isinstance(v, Node):
+            uniform = _scan(v, tags, out) and uniform
     return uniform
 
 
