@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 
 import optree
 import pytest
@@ -318,3 +319,17 @@ def test_compiled_rule_decides_as_eager(backend: str, make) -> None:
     # x[0], x[idx], the two parts of unbind, exclude, clone, reshape (a view here)
     assert tags_of(f(td, idx)) == [kept, dropped, kept, kept, kept, dropped, kept]
     assert tags_of(compiled) == tags_of(f(td, idx))
+
+
+def test_leaves_that_are_not_tensors_hold_no_storage() -> None:
+    """torch unflattens placeholders (in_dims, None) into node structures; the rule passes over them."""
+    td = _shared()
+    spec = torch_pytree.tree_flatten(td)[1]
+
+    def returning(out: tt.TensorDict) -> Callable[[tt.TensorDict], tt.TensorDict]:
+        return tag_rule(lambda x: out)
+
+    kept = returning(torch_pytree.tree_unflatten([None, 0, td["n", "c"]], spec))(td)
+    assert tag_sets(kept) == {SL}
+    dropped = returning(torch_pytree.tree_unflatten([None, 0, torch.zeros(2, 1)], spec))(td)
+    assert tag_sets(dropped) == {frozenset()}
