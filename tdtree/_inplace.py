@@ -19,7 +19,6 @@ devices: move the value with ``.to(...)`` first. All values are read before any 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +30,7 @@ from ._base import Node, NodeT
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
+from ._tags import storage_ids
 from ._validate import nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError
 
@@ -159,9 +159,7 @@ class _Writes:
             leaf.fill_(value)
 
 
-_storage = torch.Tensor.untyped_storage
 _is_compiling = torch.compiler.is_compiling
-_cdata = operator.attrgetter("_cdata")
 
 
 def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
@@ -169,8 +167,8 @@ def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[b
     # Eager only (compiled code copies every value, see _Writes.run). The identity is
     # tags.storage_key's, without its zero-byte exception: a shared empty storage only
     # costs a needless clone of an empty value.
-    known = set(map(_cdata, map(_storage, targets)))
-    keys = list(map(_cdata, map(_storage, values)))
+    known = set(storage_ids(targets))
+    keys = list(storage_ids(values))
     if known.isdisjoint(keys):
         return ()
     return tuple(key in known for key in keys)

@@ -14,14 +14,14 @@ otherwise it carries none. Untagged inputs skip the check.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-import optree
 import torch
 
-from ._base import Node, make
-from ._pytree import NAMESPACE, register
+from ._base import Node, with_meta
+from ._pytree import register
 
 __all__ = [
     "Tag",
@@ -33,6 +33,7 @@ __all__ = [
     "retag",
     "tag_rule",
     "storage_key",
+    "storage_ids",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,22 +114,23 @@ def retag(node: Any, tags: frozenset) -> Any:
 def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
     # One pass bottom up: a sub-tree already carrying ``tags`` everywhere comes back as it is.
     # ``types`` holds the tagged type of each root met, looked up once per call.
-    changed = type(node)._tags != tags
-    data = {}
-    for k, v in node._data.items():
+    data = node._data
+    for k, v in data.items():
         if isinstance(v, Node):
             new = _retag(v, tags, types)
-            changed = changed or new is not v
-            v = new
-        data[k] = v
-    if not changed:
+            if new is not v:
+                if data is node._data:  # the first changed sub-node: copy the entries once
+                    data = dict(data)
+                data[k] = new
+    if data is node._data and type(node)._tags == tags:
         return node
     root = type(node)._root
-    cls = types.get(root)
+    cls: Any = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
     if cls is None:
         cls = types[root] = tagged_type(root, tags)
-    _, batch_size, device, _ = node._meta
-    return make(cls, data, batch_size, device)
+    # a node's entries never change once built, so an unchanged dict is shared, as twin() shares it
+    keys, batch_size, device, _ = node._meta
+    return with_meta(cls, data, (keys, batch_size, device, cls._tags))
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
@@ -143,17 +145,56 @@ def storage_key(tensor: torch.Tensor) -> int | None:
     return storage._cdata if storage.nbytes() else None
 
 
+# storage_key's identity, mapped over many tensors at C speed (no Python frame per tensor)
+_storage = torch.Tensor.untyped_storage
+_cdata = operator.attrgetter("_cdata")
+
+
+def storage_ids(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
+    """storage_key's identity of each of ``tensors``' storages, zero-byte ones included."""
+    return map(_cdata, map(_storage, tensors))
+
+
 @torch._dynamo.nonstrict_trace
-def _count_new_storages(result: list[torch.Tensor], inputs: list[torch.Tensor]) -> int:
+def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> list[bool]:
+    """For each leaf list of ``results``: whether a leaf holds data (a ``storage_key``) none of ``inputs`` has."""
     # nonstrict_trace: under torch.compile dynamo runs this on the fake tensors
-    # at trace time (fakes keep their storages' identity) and keeps the int as a
-    # constant, so the rule adds no graph break; in eager it is a plain call.
-    known = {key for key in map(storage_key, inputs) if key is not None}
-    return sum(1 for key in map(storage_key, result) if key is not None and key not in known)
+    # at trace time (fakes keep their storages' identity) and keeps the bools as
+    # constants, so the rule adds no graph break; in eager it is a plain call.
+    # Dynamo's graph keeps a call of it whose result nothing reads: AOTAutograd
+    # traces that to nothing (inductor and aot_eager never call it again), and
+    # only the "eager" backend, which runs dynamo's graph as it is, calls it per run.
+    same = set(map(id, inputs))
+    known: set[int] | None = None
+    decided = []
+    for leaves in results:
+        if same.issuperset(map(id, leaves)):
+            decided.append(False)  # the inputs' own tensors (select, exclude, ...): their storages
+            continue
+        if known is None:
+            # the inputs' zero-byte storages are in ``known`` too: a leaf on one of them
+            # has no storage_key, and is no new storage either way
+            known = set(storage_ids(inputs))
+        storages = list(map(_storage, leaves))
+        decided.append(
+            not known.issuperset(map(_cdata, storages))
+            and any(s.nbytes() for s in storages if s._cdata not in known)  # storage_key is not None
+        )
+    return decided
 
 
-def _tensor_leaves(tree: Any) -> list[torch.Tensor]:
-    return [x for x in optree.tree_leaves(tree, namespace=NAMESPACE) if isinstance(x, torch.Tensor)]
+def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
+    """Append ``node``'s leaves to ``out`` (depth first); whether every node of it carries exactly ``tags``."""
+    # a walk of ``_data`` (optree would call back per node and check every leaf against its
+    # registry), which also tells whether retag has work to do; a leaf that is not a tensor (the
+    # placeholders torch unflattens into node structures) holds no storage and is passed over
+    uniform = type(node)._tags == tags
+    for v in node._data.values():
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, Node):
+            uniform = _scan(v, tags, out) and uniform
+    return uniform
 
 
 def _node_inputs(args: tuple, kwargs: dict) -> Iterator[Node]:
@@ -168,17 +209,31 @@ def _node_inputs(args: tuple, kwargs: dict) -> Iterator[Node]:
 
 def _decide(out: Any, inputs: list[Node]) -> Any:
     common = frozenset.intersection(*(type(n)._tags for n in inputs))
-    input_leaves = _tensor_leaves(inputs) if common else []
+    many = type(out) in (list, tuple)
+    results = out if many else (out,)
+    decided = _ruled(results, inputs, common) if common else [retag(r, common) for r in results]
+    return type(out)(decided) if many else decided[0]
 
-    def one(result: Any) -> Any:
-        if not isinstance(result, Node):
-            return result
-        keep = bool(common) and _count_new_storages(_tensor_leaves(result), input_leaves) == 0
-        return retag(result, common if keep else frozenset())
 
-    if type(out) in (list, tuple):
-        return type(out)(one(r) for r in out)
-    return one(out)
+def _ruled(results: Iterable[Any], inputs: list[Node], common: frozenset) -> list[Any]:
+    """``results`` with the rule applied for the non-empty ``common`` tags of ``inputs``."""
+    known: list[torch.Tensor] = []
+    for n in inputs:
+        _scan(n, common, known)
+    nodes = [r for r in results if isinstance(r, Node)]
+    leaves: list[list[torch.Tensor]] = [[] for _ in nodes]
+    uniform = [_scan(r, common, found) for r, found in zip(nodes, leaves)]
+    decisions = iter(zip(_new_storages(leaves, known), uniform))  # the input storages gathered once
+    decided = []
+    for r in results:
+        if isinstance(r, Node):
+            fresh, carries_common = next(decisions)
+            if fresh:
+                r = retag(r, frozenset())
+            elif not carries_common:  # a result carrying them everywhere already is kept as it is
+                r = retag(r, common)
+        decided.append(r)
+    return decided
 
 
 def _any_tagged(args: tuple, kwargs: dict) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 
 import optree
 import pytest
@@ -297,3 +298,38 @@ def test_lookups_through_a_tensor_with_a_default_do_not_raise() -> None:
     td = _shared()
     assert ("a", "x") not in td and ("n", "x") not in td and ("n", "c") in td
     assert td.get(("a", "x"), None) is None
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("make", [_shared, lambda: _plain().lock()], ids=["shared", "locked"])
+def test_compiled_rule_decides_as_eager(backend: str, make) -> None:
+    """Views keep the tags, new storages drop them, and each result of a list is decided on its own,
+    as in eager, with no graph break."""
+
+    def f(x: tt.TensorDict, idx: torch.Tensor) -> tuple:
+        return x[0], x[idx], x.unbind(0), x.exclude("b"), x.clone(), x.reshape(2, 1)
+
+    def tags_of(out: tuple) -> list[set[frozenset]]:
+        return [tag_sets(n) for n in torch_pytree.tree_leaves(out, is_leaf=lambda v: isinstance(v, tt.TensorDict))]
+
+    td, idx = make(), torch.tensor([1, 0])
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend=backend)(td, idx)
+    kept, dropped = {td.tags}, {frozenset()}
+    # x[0], x[idx], the two parts of unbind, exclude, clone, reshape (a view here)
+    assert tags_of(f(td, idx)) == [kept, dropped, kept, kept, kept, dropped, kept]
+    assert tags_of(compiled) == tags_of(f(td, idx))
+
+
+def test_leaves_that_are_not_tensors_hold_no_storage() -> None:
+    """torch unflattens placeholders (in_dims, None) into node structures; the rule passes over them."""
+    td = _shared()
+    spec = torch_pytree.tree_flatten(td)[1]
+
+    def returning(out: tt.TensorDict) -> Callable[[tt.TensorDict], tt.TensorDict]:
+        return tag_rule(lambda x: out)
+
+    kept = returning(torch_pytree.tree_unflatten([None, 0, td["n", "c"]], spec))(td)
+    assert tag_sets(kept) == {SL}
+    dropped = returning(torch_pytree.tree_unflatten([None, 0, torch.zeros(2, 1)], spec))(td)
+    assert tag_sets(dropped) == {frozenset()}
