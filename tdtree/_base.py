@@ -3,15 +3,15 @@
 A node holds two slots: ``_data``, a dict from key to leaf in canonical
 (sorted) key order, and ``_meta``, the static metadata
 ``(keys, batch_size, device, tags)`` that is also the node's pytree metadata.
-``make``, ``from_meta``, ``with_meta`` and ``twin`` build nodes without
-validation: they are for results of operations, whose inputs were validated
-when they entered; ``fill`` writes the slots of a node the constructor made.
+``make``, ``from_meta`` and ``with_meta`` build nodes without validation: they
+are for results of operations, whose inputs were validated when they entered;
+``fill`` writes the slots of a node the constructor made.
 
-These five are the only code that writes slots. Eager code writes them through
+These four are the only code that writes slots. Eager code writes them through
 the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
-``__set__``, so each of the five has a traced twin, registered with
+``__set__``, so each of the four has a traced twin, registered with
 ``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 """
@@ -23,7 +23,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch.compiler import substitute_in_graph
 
-__all__ = ["Node", "NodeT", "make", "from_meta", "with_meta", "twin", "fill", "sorted_data", "leaf_or_node"]
+__all__ = ["Node", "NodeT", "make", "from_meta", "with_meta", "fill", "sorted_data", "leaf_or_node"]
 
 
 class Node:
@@ -109,19 +109,6 @@ def with_meta(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
 @substitute_in_graph(with_meta)
 def _with_meta_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
     return _traced(object.__new__(cls), data, meta)
-
-
-def twin(node: NodeT) -> NodeT:
-    """A new node object of ``node``'s type over the same entries and metadata."""
-    out = _new(type(node))
-    _set_data(out, node._data)
-    _set_meta(out, node._meta)
-    return out
-
-
-@substitute_in_graph(twin)
-def _twin_traced(node: NodeT) -> NodeT:
-    return _traced(object.__new__(type(node)), node._data, node._meta)
 
 
 def fill(node: Node, data: dict[str, Any], meta: tuple) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import optree
 import torch
 
-from ._base import Node, NodeT, make, twin, with_meta
+from ._base import Node, NodeT, make, with_meta
 from ._keyops import walk
 from ._keys import display
 from ._pytree import NAMESPACE
@@ -148,7 +148,7 @@ def clone(node: NodeT, recurse: bool = True) -> NodeT:
         return map_leaves(torch.clone, node)
     # Nodes are immutable, so new sub-node objects could only differ by identity: sharing them makes the
     # shallow copy cost the same for 1 key or 1,000.
-    return twin(node)
+    return with_meta(type(node), node._data, node._meta)
 
 
 def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torch.Size) -> Any:

@@ -128,7 +128,7 @@ def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
     cls: Any = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
     if cls is None:
         cls = types[root] = tagged_type(root, tags)
-    # a node's entries never change once built, so an unchanged dict is shared, as twin() shares it
+    # a node's entries never change once built, so an unchanged dict is shared, as a shallow clone shares it
     keys, batch_size, device, _ = node._meta
     return with_meta(cls, data, (keys, batch_size, device, cls._tags))
 

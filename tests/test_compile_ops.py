@@ -47,7 +47,7 @@ CASES: dict[str, tuple[Callable[[TensorDict], Any], Callable[[], TensorDict]]] =
     "make": (lambda td: td.select("a") + 1, nested),
     "from_meta": (lambda td: tt.tree.map(lambda x: x * 2, td), nested),
     "with_meta-chain": (lambda td: td.set(("p", "q", "r"), td["a"] * 2), nested),
-    "twin": (lambda td: td.clone(recurse=False).set("e", td["a"] * 2), nested),
+    "with_meta-clone": (lambda td: td.clone(recurse=False).set("e", td["a"] * 2), nested),
 }
 
 
@@ -116,7 +116,6 @@ def test_traced_node_factories_build_what_the_eager_ones_build():
         (_base.make(TensorDict, data, meta[1], meta[2]), _base._make_traced(TensorDict, data, meta[1], meta[2])),
         (_base.from_meta(TensorDict, meta, data.values()), _base._from_meta_traced(TensorDict, meta, data.values())),
         (_base.with_meta(TensorDict, data, meta), _base._with_meta_traced(TensorDict, data, meta)),
-        (_base.twin(td), _base._twin_traced(td)),
     ]
     filled, filled_traced = object.__new__(TensorDict), object.__new__(TensorDict)
     _base.fill(filled, data, meta)
