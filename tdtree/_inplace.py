@@ -30,7 +30,7 @@ from ._base import Node, NodeT
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
-from ._tags import storage_ids
+from ._torch_private import storage_ids
 from ._validate import nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError
 

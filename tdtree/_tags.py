@@ -14,7 +14,6 @@ otherwise it carries none. Untagged inputs skip the check.
 from __future__ import annotations
 
 import functools
-import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -22,6 +21,7 @@ import torch
 
 from ._base import Node, with_meta
 from ._pytree import register
+from ._torch_private import nonstrict_trace, storage_id, storage_ids, storages
 
 __all__ = [
     "Tag",
@@ -33,7 +33,6 @@ __all__ = [
     "retag",
     "tag_rule",
     "storage_key",
-    "storage_ids",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -139,23 +138,14 @@ def storage_key(tensor: torch.Tensor) -> int | None:
     The identity is the storage itself (its C++ object), which two tensors share
     exactly when they view the same memory: the same test as equal
     ``untyped_storage().data_ptr()``, but also defined for the fake tensors
-    dynamo traces with. Zero-byte storages hold no data and never decide.
+    dynamo traces with. A functorch wrapper has the identity of the tensor it
+    wraps. Zero-byte storages hold no data and never decide.
     """
-    storage = tensor.untyped_storage()
-    return storage._cdata if storage.nbytes() else None
+    storage = next(storages((tensor,)))
+    return storage_id(storage) if storage.nbytes() else None
 
 
-# storage_key's identity, mapped over many tensors at C speed (no Python frame per tensor)
-_storage = torch.Tensor.untyped_storage
-_cdata = operator.attrgetter("_cdata")
-
-
-def storage_ids(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
-    """storage_key's identity of each of ``tensors``' storages, zero-byte ones included."""
-    return map(_cdata, map(_storage, tensors))
-
-
-@torch._dynamo.nonstrict_trace
+@nonstrict_trace
 def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> list[bool]:
     """For each leaf list of ``results``: whether a leaf holds data (a ``storage_key``) none of ``inputs`` has."""
     # nonstrict_trace: under torch.compile dynamo runs this on the fake tensors
@@ -175,10 +165,10 @@ def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor])
             # the inputs' zero-byte storages are in ``known`` too: a leaf on one of them
             # has no storage_key, and is no new storage either way
             known = set(storage_ids(inputs))
-        storages = list(map(_storage, leaves))
+        found = list(storages(leaves))
         decided.append(
-            not known.issuperset(map(_cdata, storages))
-            and any(s.nbytes() for s in storages if s._cdata not in known)  # storage_key is not None
+            not known.issuperset(map(storage_id, found))
+            and any(s.nbytes() for s in found if storage_id(s) not in known)  # storage_key is not None
         )
     return decided
 

@@ -1,0 +1,71 @@
+"""The names from torch's private internals that tdtree needs, in one place.
+
+torch has no public way to ask these questions, so each is read from a private
+name here and nowhere else; ``tests/test_torch_private.py`` fails loudly when a
+torch release moves one of them.
+
+* Whether a ``torch.func`` transform is running: ``torch._foreach_*`` kernels
+  have no batching rule, so the leaf-wise maps run per-leaf ops inside a
+  transform (one test, made once per operation in the map layer).
+* The tensor a functorch wrapper (a batched or grad-tracking tensor, at any
+  nesting level) wraps: its storage is the wrapper's storage identity, so the
+  tag rule and the alias check work inside transforms as they do in eager.
+* A storage's identity (``_cdata``): the C++ storage object, defined for the
+  fake tensors dynamo traces with too, where ``data_ptr()`` is not.
+* ``nonstrict_trace``: how the tag rule runs its storage test, as plain Python
+  on fake tensors, under ``torch.compile`` without a graph break.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+from torch._C import _functorch
+
+__all__ = ["transforms_active", "unwrapped", "storages", "storage_ids", "storage_id", "nonstrict_trace"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a
+# compiled function takes the branch its transforms take, with no guard and no graph break.
+transforms_active: Callable[[], bool] = torch._C._are_functorch_transforms_active
+
+_is_wrapped = _functorch.is_functorch_wrapped_tensor
+_get_unwrapped = _functorch.get_unwrapped
+
+
+def unwrapped(tensor: torch.Tensor) -> torch.Tensor:
+    """The plain tensor under every functorch wrapper of ``tensor`` (``tensor`` itself when unwrapped)."""
+    while _is_wrapped(tensor):
+        tensor = _get_unwrapped(tensor)
+    return tensor
+
+
+_storage = torch.Tensor.untyped_storage
+
+# The identity of a storage: its C++ object, shared exactly by tensors viewing the same memory
+# (an attrgetter, so that mapping it over many storages runs at C speed).
+storage_id: Callable[[torch.UntypedStorage], int] = operator.attrgetter("_cdata")
+
+
+def storage_ids(tensors: Iterable[torch.Tensor]) -> Iterator[int]:
+    """The storage identity of each of ``tensors``, seen through functorch wrappers.
+
+    Asking a wrapper for its storage raises, so inside a transform each tensor
+    is unwrapped first; outside one (the eager common path) the tensors are
+    mapped at C speed, with no Python frame per tensor.
+    """
+    return map(storage_id, storages(tensors))
+
+
+def storages(tensors: Iterable[torch.Tensor]) -> Iterator[torch.UntypedStorage]:
+    """The untyped storage of each of ``tensors``, seen through functorch wrappers."""
+    if transforms_active():
+        tensors = map(unwrapped, tensors)
+    return map(_storage, tensors)
+
+
+nonstrict_trace: Callable[[F], F] = torch._dynamo.nonstrict_trace
