@@ -22,7 +22,7 @@ import torch
 
 from ._base import Node, with_meta
 from ._pytree import register
-from ._torch_private import nonstrict_trace, storage_id, storage_ids, storages
+from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
 
 __all__ = [
     "Tag",
@@ -151,7 +151,7 @@ def storage_key(tensor: torch.Tensor) -> int | None:
     wraps. Zero-byte storages hold no data and never decide.
     """
     storage = next(storages((tensor,)))
-    return storage_id(storage) if storage.nbytes() else None
+    return storage_id(storage) if holds_data(storage) else None
 
 
 @nonstrict_trace
@@ -177,7 +177,7 @@ def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor])
         found = list(storages(leaves))
         decided.append(
             not known.issuperset(map(storage_id, found))
-            and any(s.nbytes() for s in found if storage_id(s) not in known)  # storage_key is not None
+            and any(holds_data(s) for s in found if storage_id(s) not in known)  # storage_key is not None
         )
     return decided
 
@@ -255,6 +255,12 @@ def tag_rule(fn: F) -> F:
 
     Untagged inputs return ``fn``'s result as it is: the common path pays one
     scan of the arguments and nothing else.
+
+    Under ``torch.compile`` the decision is made while tracing, from the fake
+    tensors' storages. A leaf whose size depends on data (``td[mask]``) counts
+    as holding data, since the trace cannot know its size: compiled, a masked
+    index drops the tags even for an all-False mask, where eager keeps them
+    (every leaf then holds zero bytes). Dropping is the safe side of the rule.
     """
 
     @functools.wraps(fn)

@@ -68,3 +68,20 @@ def test_nonstrict_trace_runs_python_on_fake_tensors():
     out = torch.compile(lambda t: probe(t) * 2, fullgraph=True, backend="aot_eager")(torch.zeros(2))
     torch.testing.assert_close(out, torch.full((2,), 2.0))
     assert "FakeTensor" in calls
+
+
+def test_holds_data_counts_a_data_dependent_size_as_data():
+    assert P.holds_data(torch.zeros(3).untyped_storage())
+    assert not P.holds_data(torch.zeros(0).untyped_storage())
+
+    @P.nonstrict_trace
+    def probe(x):
+        return [P.holds_data(x.untyped_storage())]
+
+    def f(x, m):
+        picked = x[m]  # its size is an unbacked symbol while tracing: bool(nbytes) would not trace
+        return x * (2 if probe(picked)[0] else 3)
+
+    x = torch.ones(4)
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, torch.zeros(4, dtype=torch.bool)), x * 2)
