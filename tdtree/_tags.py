@@ -13,6 +13,7 @@ otherwise it carries none. Untagged inputs skip the check.
 
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ import torch
 
 from ._base import Node, with_meta
 from ._pytree import register
-from ._torch_private import nonstrict_trace, storage_id, storage_ids, storages
+from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
 
 __all__ = [
     "Tag",
@@ -38,33 +39,41 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Tag:
-    """A claim a node makes about all of its leaves; compared by identity, sorted by name."""
+class Tag(enum.Enum):
+    """A claim a node makes about all of its leaves; compared by identity, sorted by name.
 
-    __slots__ = ("name", "claim")
-    name: str
-    claim: str
+    An enum, because dynamo treats enum members as constants: a compiled
+    function that locks, unlocks or rebuilds a tagged node traces as eager runs.
+    Pickled by name (a pickle does not depend on the claims' wording).
+    """
 
-    def __init__(self, name: str, claim: str) -> None:
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "claim", claim)
+    Locked = "writes go in place only; the functional editors refuse"
+    Shared = "every leaf with data lives in shared memory"
+    Memmap = "every leaf with data is backed by a memory-mapped file"
 
-    def __setattr__(self, name: str, value: object) -> None:
-        raise TypeError("tags are constants")
+    @property
+    def claim(self) -> str:
+        """What a node carrying this tag promises about its leaves."""
+        return self.value  # type: ignore[no-any-return]  # every member's value is its claim, a str
 
     def __repr__(self) -> str:
         return self.name
 
-    def __reduce__(self) -> tuple[Callable[[str], Tag], tuple[str]]:
+    __str__ = __repr__
+    # by identity, as a tag compares: enum's hash (of the name) is Python code that dynamo
+    # would trace, and guard on, wherever a compiled function hashes a node's tags
+    __hash__ = object.__hash__
+
+    def __reduce_ex__(self, protocol: object) -> tuple[Callable[[str], Tag], tuple[str]]:
         return tag_named, (self.name,)
 
     def __lt__(self, other: Tag) -> bool:
         return self.name < other.name
 
 
-Locked = Tag("Locked", "writes go in place only; the functional editors refuse")
-Shared = Tag("Shared", "every leaf with data lives in shared memory")
-Memmap = Tag("Memmap", "every leaf with data is backed by a memory-mapped file")
+Locked = Tag.Locked
+Shared = Tag.Shared
+Memmap = Tag.Memmap
 _BY_NAME = {t.name: t for t in (Locked, Shared, Memmap)}
 
 
@@ -142,7 +151,7 @@ def storage_key(tensor: torch.Tensor) -> int | None:
     wraps. Zero-byte storages hold no data and never decide.
     """
     storage = next(storages((tensor,)))
-    return storage_id(storage) if storage.nbytes() else None
+    return storage_id(storage) if holds_data(storage) else None
 
 
 @nonstrict_trace
@@ -168,7 +177,7 @@ def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor])
         found = list(storages(leaves))
         decided.append(
             not known.issuperset(map(storage_id, found))
-            and any(s.nbytes() for s in found if storage_id(s) not in known)  # storage_key is not None
+            and any(holds_data(s) for s in found if storage_id(s) not in known)  # storage_key is not None
         )
     return decided
 
@@ -246,6 +255,12 @@ def tag_rule(fn: F) -> F:
 
     Untagged inputs return ``fn``'s result as it is: the common path pays one
     scan of the arguments and nothing else.
+
+    Under ``torch.compile`` the decision is made while tracing, from the fake
+    tensors' storages. A leaf whose size depends on data (``td[mask]``) counts
+    as holding data, since the trace cannot know its size: compiled, a masked
+    index drops the tags even for an all-False mask, where eager keeps them
+    (every leaf then holds zero bytes). Dropping is the safe side of the rule.
     """
 
     @functools.wraps(fn)

@@ -14,20 +14,29 @@ torch release moves one of them.
   fake tensors dynamo traces with too, where ``data_ptr()`` is not.
 * ``nonstrict_trace``: how the tag rule runs its storage test, as plain Python
   on fake tensors, under ``torch.compile`` without a graph break.
+* Whether a storage holds bytes when its size is data-dependent (``td[mask]``
+  under ``torch.compile``): ``guard_or_true`` answers without guarding on a
+  size the trace cannot know, and the answer is "it may", so the rule fails safe.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
 
 import torch
 from torch._C import _functorch
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 
-__all__ = ["transforms_active", "unwrapped", "storages", "storage_ids", "storage_id", "nonstrict_trace"]
-
-F = TypeVar("F", bound=Callable[..., Any])
+__all__ = [
+    "transforms_active",
+    "unwrapped",
+    "storages",
+    "storage_ids",
+    "storage_id",
+    "holds_data",
+    "nonstrict_trace",
+]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a
 # compiled function takes the branch its transforms take, with no guard and no graph break.
@@ -68,4 +77,15 @@ def storages(tensors: Iterable[torch.Tensor]) -> Iterator[torch.UntypedStorage]:
     return map(_storage, tensors)
 
 
-nonstrict_trace: Callable[[F], F] = torch._dynamo.nonstrict_trace
+def holds_data(storage: torch.UntypedStorage) -> bool:
+    """Whether ``storage`` holds any bytes; True when its size is known only at run time.
+
+    In eager, and for sizes a compiled trace knows, this is ``nbytes() != 0``. A
+    data-dependent size (the result of a boolean mask under ``torch.compile``)
+    cannot be turned into a bool while tracing: such a storage counts as holding
+    data, so the tag rule drops tags rather than claim them for new memory.
+    """
+    return guard_or_true(storage.nbytes() != 0)
+
+
+nonstrict_trace = torch._dynamo.nonstrict_trace  # typed by torch: it keeps the function's signature

@@ -1,4 +1,11 @@
-"""Named errors of tdtree: each says what went wrong and what to do instead."""
+"""Named errors of tdtree: each says what went wrong and what to do instead.
+
+An error whose constructor builds its message sets ``self.args`` itself rather than
+calling ``super().__init__``: dynamo cannot trace a builtin exception's ``__init__``
+called from a subclass, and code that raises one under ``torch.compile`` would stop
+at that call instead of at the error. Each such error pickles by its constructor's
+arguments (``__reduce__``), so it crosses process boundaries as it was raised.
+"""
 
 from __future__ import annotations
 
@@ -38,10 +45,13 @@ class KeyNotFoundError(KeyError):
         close = difflib.get_close_matches(_fmt(key), names, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         shown = ", ".join(names) if names else "none"
-        super().__init__(f"key {_fmt(key)} not found; the keys here are: {shown}.{hint}")
+        self.args = (f"key {_fmt(key)} not found; the keys here are: {shown}.{hint}",)
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.key, self.available)
 
 
 class NotANodeKeyError(KeyNotFoundError):
@@ -49,11 +59,12 @@ class NotANodeKeyError(KeyNotFoundError):
 
     def __init__(self, key: object, prefix: object) -> None:
         self.key = key
+        self.prefix = prefix
         self.available = ()
-        KeyError.__init__(
-            self,
-            f"key {_fmt(key)} not found: {_fmt(prefix)} is a tensor, not a node, so it has no sub-keys.",
-        )
+        self.args = (f"key {_fmt(key)} not found: {_fmt(prefix)} is a tensor, not a node, so it has no sub-keys.",)
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.key, self.prefix)
 
 
 class BatchSizeError(ValueError):
@@ -64,13 +75,17 @@ class KeyMismatchError(ValueError):
     """Two nodes combined by key do not hold the same keys."""
 
     def __init__(self, what: str, left: Iterable[object], right: Iterable[object]) -> None:
-        left, right = set(left), set(right)
-        only_left = sorted(map(_fmt, left - right))
-        only_right = sorted(map(_fmt, right - left))
-        super().__init__(
+        self.what = what
+        self.left, self.right = tuple(left), tuple(right)
+        only_left = sorted(map(_fmt, set(self.left) - set(self.right)))
+        only_right = sorted(map(_fmt, set(self.right) - set(self.left)))
+        self.args = (
             f"{what}: the nodes' keys differ; only in the first: {only_left or 'none'}, "
-            f"only in the second: {only_right or 'none'}."
+            f"only in the second: {only_right or 'none'}.",
         )
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.what, self.left, self.right)
 
 
 class KeyCollisionError(ValueError):
@@ -81,11 +96,15 @@ class LockedError(RuntimeError):
     """A functional editor was called on a node tagged ``Locked``."""
 
     def __init__(self, op: str) -> None:
-        super().__init__(
+        self.op = op
+        self.args = (
             f"{op}() on a locked node: a Locked node takes writes in place only. "
             "Use update_(), copy_() or at[idx].set_() to write into its storage, "
-            "or unlock() for a node that the functional editors accept."
+            "or unlock() for a node that the functional editors accept.",
         )
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.op,)
 
 
 class MemmapError(OSError):
@@ -122,11 +141,15 @@ class StructureMismatchError(ValueError):
     """
 
     def __init__(self, op: str, differences: Iterable[str]) -> None:
+        self.op = op
         self.differences = tuple(differences)
-        super().__init__(
+        self.args = (
             f"{op}: the processes' nodes differ, so the transfer was refused: " + "; ".join(self.differences)
-            + ". Every process must pass a node (or template) with the same keys, shapes and dtypes."
+            + ". Every process must pass a node (or template) with the same keys, shapes and dtypes.",
         )
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.op, self.differences)
 
 
 class FieldError(TypeError):

@@ -68,3 +68,35 @@ def test_nonstrict_trace_runs_python_on_fake_tensors():
     out = torch.compile(lambda t: probe(t) * 2, fullgraph=True, backend="aot_eager")(torch.zeros(2))
     torch.testing.assert_close(out, torch.full((2,), 2.0))
     assert "FakeTensor" in calls
+
+
+def test_holds_data_counts_a_data_dependent_size_as_data():
+    assert P.holds_data(torch.zeros(3).untyped_storage())
+    assert not P.holds_data(torch.zeros(0).untyped_storage())
+
+    @P.nonstrict_trace
+    def probe(x):
+        return [P.holds_data(x.untyped_storage())]
+
+    def f(x, m):
+        picked = x[m]  # its size is an unbacked symbol while tracing: bool(nbytes) would not trace
+        return x * (2 if probe(picked)[0] else 3)
+
+    x = torch.ones(4)
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x, torch.zeros(4, dtype=torch.bool)), x * 2)
+
+
+def test_storage_ids_see_through_wrappers_of_fake_tensors():
+    # how the tag rule runs inside a compiled transform: nonstrict_trace hands the batched wrappers of
+    # dynamo's fake tensors, and a view must share the wrapped storage's identity, a new tensor not
+    @P.nonstrict_trace
+    def same(a, b):
+        return [next(P.storage_ids([a])) == next(P.storage_ids([b]))]
+
+    def f(x):
+        return torch.func.vmap(lambda y: y * (2 if same(y, y[:1])[0] else 3) * (5 if same(y, y + 1)[0] else 7))(x)
+
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(f(x), x * 14)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(x), x * 14)
