@@ -119,6 +119,42 @@ def test_ops_inside_grad_jvp_and_vmap_of_grad(name: str, on_node: Any, on_leaf: 
     _close(per_member, torch.func.vmap(torch.func.grad(dict_loss))(stacked))
 
 
+@pytest.mark.parametrize("tag", TAGS)
+def test_ops_inside_the_other_transforms(tag: str) -> None:
+    """grad_and_value, vjp, jacrev, jacfwd, hessian and grad of a vmap, over foreach-backed ops."""
+    d = _dict(lead=())
+    td = TAGS[tag](_node(d))
+
+    def loss(q: tt.TensorDict) -> torch.Tensor:
+        out = (q * q).exp() - q.sqrt() * 2
+        return out["w"].sum() + out["n"]["b"].sum() + out["n"]["c"]
+
+    def dict_loss(p: dict[str, Any]) -> torch.Tensor:
+        out = optree.tree_map(lambda x: (x * x).exp() - x.sqrt() * 2, p)
+        return out["w"].sum() + out["n"]["b"].sum() + out["n"]["c"]
+
+    grads, value = torch.func.grad_and_value(loss)(td)
+    ref_grads, ref_value = torch.func.grad_and_value(dict_loss)(d)
+    _close(grads, ref_grads)
+    torch.testing.assert_close(value, ref_value)
+    _close(torch.func.vjp(loss, td)[1](torch.tensor(1.0))[0], torch.func.vjp(dict_loss, d)[1](torch.tensor(1.0))[0])
+    _close(torch.func.jacrev(loss)(td), torch.func.jacrev(dict_loss)(d))
+    _close(torch.func.jacfwd(loss)(td), torch.func.jacfwd(dict_loss)(d))
+    hessian = torch.func.hessian(loss)(td)
+    ref_hessian = torch.func.hessian(dict_loss)(d)
+    for key in ("w", ("n", "b")):
+        path = key if isinstance(key, tuple) else (key,)
+        ref_row = ref_hessian
+        for k in path:
+            ref_row = ref_row[k]
+        _close(hessian[key], ref_row)
+    stacked = _dict()
+    _close(
+        torch.func.grad(lambda q: torch.func.vmap(loss)(q).sum())(TAGS[tag](_node(stacked))),
+        torch.func.grad(lambda p: torch.func.vmap(dict_loss)(p).sum())(stacked),
+    )
+
+
 def test_tensor_operand_aligned_with_batch_dims_inside_tdtree_vmap() -> None:
     d = _dict(lead=(N, 4))
     td = _node(d, (N, 4))
