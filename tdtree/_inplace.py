@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ._base import Node, NodeT
+from ._foreach import foreach
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
@@ -153,7 +154,7 @@ class _Writes:
                 if flags:
                     # a value whose storage is also written is copied first
                     src = [v.clone() if aliased else v for v, aliased in zip(src, flags)]
-            torch._foreach_copy_(self.dst, src)
+            foreach(torch._foreach_copy_)(self.dst, src)
         # numbers are read already; tensor values were read by the copy above
         for leaf, value in self.fills:
             leaf.fill_(value)
@@ -289,7 +290,7 @@ def zero_(node: NodeT) -> NodeT:
     # which mypy reads as a class that no actual tree (tuple, node) is an instance of
     leaves: list[torch.Tensor] = optree.tree_leaves(node, namespace=NAMESPACE)  # type: ignore[arg-type]
     if leaves:
-        torch._foreach_zero_(leaves)
+        foreach(torch._foreach_zero_)(leaves)
     return node
 
 

@@ -2,7 +2,9 @@
 
 Every leaf-wise operation flattens the node once (:func:`tdtree._maps.flat`), works on the
 flat leaf list (``torch._foreach_*`` where one exists: it measured faster than
-a Python loop over the leaves) and rebuilds the result with one unflatten of
+a Python loop over the leaves; inside a ``torch.func`` transform, where those
+kernels have no batching rule, :func:`tdtree._foreach.foreach` runs the same op
+leaf by leaf) and rebuilds the result with one unflatten of
 the input's structure. Operands:
 
 * a Python number: applied to every leaf as torch would;
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ._base import Node, NodeT
+from ._foreach import foreach
 from ._maps import flat, paired_leaves, rebuild, unflat
 from ._tags import tag_rule
 from .errors import BatchDimError, BatchSizeError
@@ -83,7 +86,7 @@ def _operands(what: str, node: Node, spec: Node, leaves: list[Any], other: Any) 
 
 
 def _binary(
-    name: str, op: Callable[[Any, Any], Any], foreach: Callable[..., Any] | None, reflected: bool
+    name: str, op: Callable[[Any, Any], Any], kernel: Callable[..., Any] | None, reflected: bool
 ) -> Callable[[Node, Any], Any]:
     def fn(node: Node, other: Any) -> Any:
         leaves, spec = flat(node)
@@ -92,8 +95,8 @@ def _binary(
             return NotImplemented
         if not leaves:
             out = leaves
-        elif foreach is not None:
-            out = foreach(leaves, rhs)
+        elif kernel is not None:
+            out = foreach(kernel)(leaves, rhs)
         elif type(rhs) is list:
             out = [op(y, x) for x, y in zip(leaves, rhs)] if reflected else [op(x, y) for x, y in zip(leaves, rhs)]
         else:
@@ -132,10 +135,10 @@ gt = _binary("gt", operator.gt, None, False)
 ge = _binary("ge", operator.ge, None, False)
 
 
-def _unary(name: str, foreach: Callable[..., Any]) -> Callable[[NodeT], NodeT]:
+def _unary(name: str, kernel: Callable[..., Any]) -> Callable[[NodeT], NodeT]:
     def fn(node: NodeT) -> NodeT:
         leaves, spec = flat(node)
-        return unflat(spec, foreach(leaves) if leaves else leaves)
+        return unflat(spec, foreach(kernel)(leaves) if leaves else leaves)
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"``torch.{name}`` of every leaf. Returns a new node; tags dropped (new storage)."

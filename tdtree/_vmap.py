@@ -1,9 +1,14 @@
 """``tdtree.vmap``: ``torch.func.vmap`` over nodes, with batch sizes rewritten explicitly.
 
-``torch.func.vmap`` sees only tensors here: nodes are flattened by optree, their
-leaves mapped at the node's batch dim, and inside the function the nodes are
-rebuilt with that dim removed from every batch size; node outputs get it back
-at ``out_dims``. Metadata is never guessed from leaf shapes.
+The arguments are read as a pytree whose leaves are *units*: nodes and
+tensorclass instances (each mapped as a whole, at one of its batch dims),
+tensors, and anything else (passed as it is). ``in_dims`` is a pytree prefix of
+the positional arguments, as for ``torch.func.vmap``, giving each unit one dim
+or None. ``torch.func.vmap`` sees only the mapped units' tensors; inside the
+function each mapped node is rebuilt over them with the dim removed from
+every batch size, unmapped units and keyword arguments are passed as they are,
+and the outputs' nodes get the dim back at ``out_dims``. Metadata is never
+guessed from leaf shapes.
 """
 
 from __future__ import annotations
@@ -16,119 +21,265 @@ import optree
 import torch
 
 from ._base import Node
-from ._maps import rebuild
+from ._maps import leaves, rebuild
 from ._pytree import NAMESPACE
+from ._tags import tag_rule
+from ._tcops import RecordOps
 
 __all__ = ["vmap"]
 
 
-def _is_node(x: object) -> bool:
-    return isinstance(x, Node)
+def _is_unit(x: object) -> bool:
+    return isinstance(x, (Node, RecordOps))
 
 
-def _batch_dim(node: Node, dim: int) -> int:
-    n = len(node._meta[1])
-    if not -n <= dim < n:
+def _node_of(unit: Any) -> Node:
+    return unit._td if isinstance(unit, RecordOps) else unit
+
+
+def _where(what: str, path: tuple[Any, ...]) -> str:
+    """``path`` as a reader writes it: ``argument 0['a'][1]``, ``output[0]``."""
+    if what != "in_dims":
+        return "output" + "".join(f"[{k!r}]" for k in path) if path else "the output"
+    head, rest = f"argument {path[0]}", path[1:]
+    return head + "".join(f"[{k!r}]" for k in rest)
+
+
+def _kind(unit: object) -> str:
+    if isinstance(unit, RecordOps):
+        return f"a {type(unit).__name__} (tensorclass)"
+    if isinstance(unit, Node):
+        return "a node"
+    if isinstance(unit, torch.Tensor):
+        return "a tensor"
+    return f"a {type(unit).__name__}"
+
+
+def _units(what: str, dims: Any, tree: Any, path: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any, Any]]) -> None:
+    """Append ``(path, unit, dim)`` for each unit of ``tree``, with ``dims`` a pytree prefix of it."""
+    if dims is None or type(dims) is int:
+        paths, units, _ = optree.tree_flatten_with_path(tree, is_leaf=_is_unit, namespace=NAMESPACE)
+        out.extend(((*path, *p), u, dims) for p, u in zip(paths, units))
+        return
+    if _is_unit(tree) or optree.tree_is_leaf(tree, namespace=NAMESPACE):
         raise ValueError(
-            f"tdtree.vmap: in_dim {dim} is not a batch dim of a node with batch_size {tuple(node._meta[1])}"
-            + ("; for nodes without batch dims (parameter ensembles) use torch.func.vmap" if n == 0 else "")
+            f"tdtree.vmap: {what} gives {dims!r} for {_where(what, path)}, which is {_kind(tree)} and takes one "
+            "dim (an int, or None for unmapped)"
         )
-    return dim % n
+    children, _, entries, _ = optree.tree_flatten_one_level(tree, namespace=NAMESPACE)
+    if optree.tree_is_leaf(dims, namespace=NAMESPACE):
+        raise ValueError(f"tdtree.vmap: {what} holds {dims!r} for {_where(what, path)}; dims are ints or None")
+    dim_children, _, dim_entries, _ = optree.tree_flatten_one_level(dims, namespace=NAMESPACE)
+    if dim_entries != entries:
+        raise ValueError(
+            f"tdtree.vmap: {what} gives {dims!r} for {_where(what, path)}, {_kind(tree)} with entries "
+            f"{list(entries)}; a container in {what} must have the same entries (or be one int or None for all)"
+        )
+    for entry, d, child in zip(entries, dim_children, children):
+        _units(what, d, child, (*path, entry), out)
 
 
-def _drop(node: Node, dim: int) -> Node:
-    batch_size = node._meta[1]
-    return rebuild(node, lambda x: x, torch.Size((*batch_size[:dim], *batch_size[dim + 1 :])))
+def _in_dim(path: tuple[Any, ...], unit: Any, dim: int) -> tuple[int, int]:
+    """The mapped dim of ``unit`` as a non-negative index, and its size."""
+    if _is_unit(unit):
+        batch_size = _node_of(unit)._meta[1]
+        n = len(batch_size)
+        if not -n <= dim < n:
+            raise ValueError(
+                f"tdtree.vmap: in_dim {dim} for {_where('in_dims', path)}, {_kind(unit)} with batch_size "
+                f"{tuple(batch_size)}, is not one of its batch dims"
+                + ("; for nodes without batch dims (parameter ensembles) use torch.func.vmap" if n == 0 else "")
+            )
+        return dim % n, batch_size[dim]
+    if isinstance(unit, torch.Tensor):
+        if not -unit.ndim <= dim < unit.ndim:
+            raise ValueError(
+                f"tdtree.vmap: in_dim {dim} for {_where('in_dims', path)} is out of range for a tensor of shape "
+                f"{tuple(unit.shape)}"
+            )
+        return dim % unit.ndim, unit.shape[dim]
+    raise ValueError(
+        f"tdtree.vmap: in_dim {dim} for {_where('in_dims', path)}, which is {_kind(unit)}: only nodes, "
+        "tensorclasses and tensors can be mapped; give None for it in in_dims (or pass it as a keyword argument)"
+    )
 
 
-def _per_arg(dims: Any, count: int, what: str) -> tuple[Any, ...]:
-    if isinstance(dims, tuple):
-        if len(dims) != count:
-            raise ValueError(f"tdtree.vmap: {what} has {len(dims)} entries for {count} values")
-        return dims
-    return (dims,) * count
+def _top(what: str, dims: Any, count: int) -> tuple[Any, ...]:
+    """``dims`` with one entry per top-level value: one int or None for all, or a tuple of ``count``."""
+    if dims is None or type(dims) is int:
+        return (dims,) * count
+    if type(dims) is not tuple:
+        raise ValueError(
+            f"tdtree.vmap: {what} must be an int, None or a tuple with one entry per "
+            + ("positional argument" if what == "in_dims" else "output")
+            + f", got {type(dims).__name__} {dims!r}"
+        )
+    if len(dims) != count:
+        raise ValueError(
+            f"tdtree.vmap: {what} has {len(dims)} entries for {count} "
+            + ("positional arguments" if what == "in_dims" else "outputs")
+        )
+    return dims
+
+
+def _unit_leaves(unit: Any) -> list[torch.Tensor]:
+    return leaves(_node_of(unit)) if _is_unit(unit) else [unit]
+
+
+def _rebuilt(unit: Any, leaf_fn: Callable[[torch.Tensor], torch.Tensor], batch_size: torch.Size) -> Any:
+    """``unit`` (a node or tensorclass) over ``leaf_fn`` of each leaf, with root batch size ``batch_size``."""
+    node = rebuild(_node_of(unit), leaf_fn, batch_size)
+    return unit._wrap(node) if isinstance(unit, RecordOps) else node
+
+
+def _removed(unit: Any, dim: int, it: Any) -> Any:
+    """The mapped ``unit`` as the function sees it: its next mapped leaves from ``it``, ``dim`` gone."""
+    if not _is_unit(unit):
+        return next(it)
+    batch_size = _node_of(unit)._meta[1]
+    return _rebuilt(unit, lambda _: next(it), torch.Size((*batch_size[:dim], *batch_size[dim + 1 :])))
+
+
+def _inserted(path: tuple[Any, ...], unit: Any, dim: int, size: int, it: Any) -> Any:
+    """An output ``unit`` over its next results from ``it`` (mapped dim first), with the dim moved to ``dim``."""
+    if _is_unit(unit):
+        batch_size = _node_of(unit)._meta[1]
+        n = len(batch_size) + 1
+        if not -n <= dim < n:
+            raise ValueError(
+                f"tdtree.vmap: out_dim {dim} for {_where('out_dims', path)}, {_kind(unit)} with batch_size "
+                f"{tuple(batch_size)} inside the function, is out of range (-{n}..{n - 1})"
+            )
+        d = dim % n
+        # torch.func.vmap returned the mapped dim first
+        move = (lambda _: next(it)) if d == 0 else (lambda _: next(it).movedim(0, d))
+        return _rebuilt(unit, move, torch.Size((*batch_size[:d], size, *batch_size[d:])))
+    t = next(it)
+    if not -t.ndim <= dim < t.ndim:
+        raise ValueError(
+            f"tdtree.vmap: out_dim {dim} for {_where('out_dims', path)} is out of range for a tensor of shape "
+            f"{tuple(t.shape[1:])} inside the function"
+        )
+    return t if dim == 0 else t.movedim(0, dim)
 
 
 def vmap(
     func: Callable[..., Any],
-    in_dims: int | None | tuple[int | None, ...] = 0,
-    out_dims: int | tuple[int, ...] = 0,
+    in_dims: Any = 0,
+    out_dims: Any = 0,
     *,
     randomness: str = "error",
     chunk_size: int | None = None,
 ) -> Callable[..., Any]:
-    """Map ``func`` over a batch dim of its node and tensor arguments.
+    """Map ``func`` over a batch dim of the nodes, tensorclasses and tensors in its positional arguments.
 
     Args:
-        func: a function of nodes and tensors returning nodes and tensors.
-        in_dims: per positional argument (or one for all), the dim to map; for
-            a node it is one of its batch dims (negative counts from the end of
-            the batch dims), None leaves the argument unmapped.
-        out_dims: per top-level output (or one for all), where the mapped dim goes;
-            for a node output, a position among its batch dims.
+        func: a function of nodes, tensorclasses, tensors and containers of
+            them (dicts, lists, tuples, named tuples), returning the same kinds.
+        in_dims: a pytree prefix of the positional arguments, as for
+            ``torch.func.vmap``: one int or None for all, or a tuple with one
+            entry per positional argument, each an int, None, or a container
+            matching the argument (``({"a": 0, "b": None},)`` for a dict). A
+            node or tensorclass takes one dim, one of its batch dims (negative
+            counts from the end of the batch dims); a tensor any of its dims;
+            None leaves it unmapped.
+        out_dims: the same for the outputs (ints only): where the mapped dim
+            goes, for a node or tensorclass a position among its batch dims.
+        randomness, chunk_size: as for ``torch.func.vmap``.
+
+    Keyword arguments of the mapped function are passed to ``func`` unmapped,
+    as ``torch.func.vmap`` passes them.
 
     Returns:
-        The mapped function. Inside ``func`` nodes have lost the mapped dim from
-        their batch sizes; node outputs have it back. Tags follow the leaves:
-        results are new tensors, so they carry no tags.
+        The mapped function. Inside ``func`` nodes and tensorclasses have lost
+        the mapped dim from their batch sizes; those in the outputs have it
+        back. Tags follow the rule, with the arguments as inputs: an output
+        viewing its input's storage keeps the input's tags (``lambda q: q``),
+        new tensors (``lambda q: q * 2``) drop them.
+
+    Raises:
+        ValueError: ``in_dims`` or ``out_dims`` does not fit the arguments or
+            outputs (the message names the argument or output), or the mapped
+            dims differ in size.
+        TypeError: ``func`` returned something other than nodes,
+            tensorclasses, tensors, None and containers of them.
     """
 
     @functools.wraps(func)
-    def mapped(*args: Any) -> Any:
-        dims = _per_arg(in_dims, len(args), "in_dims")
-        # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
-        # which mypy reads as a class that no actual tree (tuple, node) is an instance of
-        leaves: list[Any]
-        leaves, spec = optree.tree_flatten(args, namespace=NAMESPACE)  # type: ignore[arg-type]
-        leaf_dims: list[int | None] = []
+    def mapped(*args: Any, **kwargs: Any) -> Any:
+        units: list[tuple[tuple[Any, ...], Any, Any]] = []
+        for i, (dims, arg) in enumerate(zip(_top("in_dims", in_dims, len(args)), args)):
+            _units("in_dims", dims, arg, (i,), units)
+        flat: list[torch.Tensor] = []
+        flat_dims: list[int] = []
+        mapped_units: list[tuple[int, Any, int]] = []  # (position in units, unit, non-negative dim)
         size: int | None = None
-        # one flatten of all the arguments: each argument's leaf count comes from its part of the spec
-        for arg, dim, arg_spec in zip(args, dims, spec.children()):
-            if dim is not None and isinstance(arg, Node):
-                dim = _batch_dim(arg, dim)
-                size = arg._meta[1][dim] if size is None else size
-            elif dim is not None and isinstance(arg, torch.Tensor):
-                size = arg.shape[dim] if size is None else size
-            leaf_dims.extend([dim] * arg_spec.num_leaves)
-        out_spec: list[optree.PyTreeSpec] = []
-
-        def inner(*inner_leaves: Any) -> tuple[Any, ...]:
-            given = optree.tree_unflatten(spec, inner_leaves)
-            inner_args = tuple(
-                _drop(a, _batch_dim(a, d)) if d is not None and isinstance(a, Node) else a
-                for a, d in zip(given, dims)
-            )
-            out_leaves, tree = optree.tree_flatten(func(*inner_args), namespace=NAMESPACE)
-            out_spec.append(tree)
-            return tuple(out_leaves)
-
-        flat_out = torch.func.vmap(
-            inner, in_dims=tuple(leaf_dims), out_dims=0, randomness=randomness, chunk_size=chunk_size
-        )(*leaves)
-        out: Any = optree.tree_unflatten(out_spec[-1], flat_out)  # what func returned
-        single = not isinstance(out, tuple)
-        outs = (out,) if single else out
-        odims = _per_arg(out_dims, len(outs), "out_dims")
-        fixed = tuple(_restore(o, d, size) for o, d in zip(outs, odims))
-        return fixed[0] if single else type(out)(fixed)
-
-    return mapped
-
-
-def _restore(out: Any, dim: int, size: int | None) -> Any:
-    def one(x: Any) -> Any:
-        if isinstance(x, Node):
-            batch_size = x._meta[1]
-            n = len(batch_size) + 1
-            if not -n <= dim < n:
-                raise ValueError(f"tdtree.vmap: out_dim {dim} is out of range for batch_size {tuple(batch_size)}")
-            d = dim % n
+        first: tuple[Any, ...] = ()
+        for pos, (path, unit, dim) in enumerate(units):
+            if dim is None:
+                continue
+            d, n = _in_dim(path, unit, dim)
             if size is None:
-                raise TypeError(
-                    "tdtree.vmap: a node output needs the mapped size, which is read from a mapped node or "
-                    "tensor argument; the mapped arguments here are other containers (pass nodes or tensors)"
+                size, first = n, path
+            elif n != size:
+                raise ValueError(
+                    f"tdtree.vmap: the mapped dims differ in size: {_where('in_dims', first)} has {size}, "
+                    f"{_where('in_dims', path)} has {n} (at in_dim {dim})"
                 )
-            return rebuild(x, lambda t: t.movedim(0, d), torch.Size((*batch_size[:d], size, *batch_size[d:])))
-        return x.movedim(0, dim) if isinstance(x, torch.Tensor) else x
+            mapped_units.append((pos, unit, d))
+            unit_leaves = _unit_leaves(unit)
+            flat.extend(unit_leaves)
+            flat_dims.extend([d] * len(unit_leaves))
+        if size is None:
+            raise ValueError(
+                f"tdtree.vmap: in_dims {in_dims!r} maps no node, tensorclass or tensor of the positional arguments"
+            )
+        if not flat:
+            raise ValueError("tdtree.vmap: the mapped arguments hold no tensors, so there is nothing to map over")
+        # optree's stub types a tree as PyTree[T], a union optree builds at runtime, which mypy reads as
+        # a class that no actual tree (a tuple of arguments) is an instance of
+        args_spec = optree.tree_structure(args, is_leaf=_is_unit, namespace=NAMESPACE)  # type: ignore[arg-type]
+        outputs: list[tuple[optree.PyTreeSpec, list[Any]]] = []
 
-    return optree.tree_map(one, out, is_leaf=_is_node, namespace=NAMESPACE)
+        def inner(inner_leaves: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+            given = [unit for _, unit, _ in units]
+            it = iter(inner_leaves)
+            for pos, unit, d in mapped_units:
+                given[pos] = _removed(unit, d, it)
+            out = func(*optree.tree_unflatten(args_spec, given), **kwargs)
+            out_units, out_spec = optree.tree_flatten(out, is_leaf=_is_unit, namespace=NAMESPACE)
+            result: list[torch.Tensor] = []
+            for path, unit in zip(out_spec.paths(), out_units):
+                if not (_is_unit(unit) or isinstance(unit, torch.Tensor)):
+                    raise TypeError(
+                        f"tdtree.vmap: the function returned {_kind(unit)} at {_where('out_dims', path)}; outputs "
+                        "are nodes, tensorclasses, tensors, None and containers of them"
+                    )
+                result.extend(_unit_leaves(unit))
+            outputs.append((out_spec, out_units))
+            return tuple(result)
+
+        # the leaves go as one list argument, and one dim for all of them as one int: torch.func.vmap's
+        # work per argument (and that of libraries patching it, such as tensordict) is then done once
+        leaf_dims = flat_dims[0] if flat_dims.count(flat_dims[0]) == len(flat_dims) else flat_dims
+        flat_out = torch.func.vmap(
+            inner, in_dims=(leaf_dims,), out_dims=0, randomness=randomness, chunk_size=chunk_size
+        )(flat)
+        out_spec, out_units = outputs[-1]
+        out = optree.tree_unflatten(out_spec, out_units)
+        odims = out_dims
+        if type(out_dims) is tuple and type(out) is not tuple and len(out_dims) == 1:
+            odims = out_dims[0]  # one output, its dim given as a 1-tuple
+        elif type(out) is tuple:
+            odims = _top("out_dims", out_dims, len(out))
+        placed: list[tuple[tuple[Any, ...], Any, Any]] = []
+        _units("out_dims", odims, out, (), placed)
+        it = iter(flat_out)
+        restored = []
+        for path, unit, dim in placed:
+            if dim is None:
+                raise ValueError(f"tdtree.vmap: out_dims gives None for {_where('out_dims', path)}; out_dims are ints")
+            restored.append(_inserted(path, unit, dim, size, it))
+        return optree.tree_unflatten(out_spec, restored)
+
+    return tag_rule(mapped)

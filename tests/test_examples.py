@@ -1,8 +1,10 @@
-"""The multi-process example runs under torchrun as its docstring says, and prints what it should.
+"""The examples that ``make demo`` does not run: the multi-process one under torchrun, as its docstring
+says, and examples/ensemble.py, whose checks against torch.optim and a loop over samples belong to
+the test suite. Each must print what it should.
 
-``make demo`` runs the single-process examples and ``tests/test_tensorclass.py`` type-checks the
-typed one; this one needs a launcher, so it is run here. Three processes: the ring then has a rank
-that is neither end of the two-process channel stream.
+``make demo`` runs the other single-process examples and ``tests/test_tensorclass.py`` type-checks
+the typed one. Three processes for the distributed one: the ring then has a rank that is neither end
+of the two-process channel stream.
 """
 
 from __future__ import annotations
@@ -32,3 +34,18 @@ def test_distributed_example_under_torchrun() -> None:
     assert "lr from rank 0: 0.10" in lines
     assert f"received from rank {world - 1}: obs equal to its gathered entry: True" in lines
     assert "streamed from rank 1: steps [0, 1, 2], obs equal to its gathered entry: True" in lines
+
+
+def test_ensemble_example_matches_torch() -> None:
+    """examples/ensemble.py asserts its own differences; here it must run and report all four checks."""
+    path = os.path.join(os.path.dirname(EXAMPLE), "ensemble.py")
+    root = os.path.dirname(os.path.dirname(path))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("ensemble of 5 MLPs, batch_size (5,): predictions (5, 64, 3)")
+    assert lines[1].startswith("5 Adam steps inside tdtree.vmap: max abs difference from torch.optim.Adam: ")
+    assert lines[2].startswith("5 Adam steps inside torch.func.vmap: max abs difference from torch.optim.Adam: ")
+    assert lines[3].startswith("per-sample gradients of 64 samples, batch_size (64,): max abs difference")
+    assert all(float(line.rsplit(" ", 1)[1]) < 1e-5 for line in lines)

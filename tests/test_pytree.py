@@ -125,19 +125,6 @@ def test_tdtree_vmap_mixed_args_and_tensor_outputs() -> None:
     assert out["s"].batch_size == torch.Size([4, 2])
 
 
-def test_tdtree_vmap_errors() -> None:
-    td = tt.TensorDict({"a": torch.randn(4, 3)}, [4])
-    with pytest.raises(ValueError, match=r"in_dim 1 is not a batch dim of a node with batch_size \(4,\)"):
-        tt.vmap(lambda x: x, in_dims=1)(td)
-    with pytest.raises(ValueError, match="torch.func.vmap"):
-        tt.vmap(lambda x: x)(tt.TensorDict({"a": torch.randn(4)}))
-    with pytest.raises(ValueError, match="in_dims has 2 entries for 1 values"):
-        tt.vmap(lambda x: x, in_dims=(0, 0))(td)
-    # a list of tensors is mapped leaf by leaf, but no node or tensor argument tells a node output its size
-    with pytest.raises(TypeError, match="a node output needs the mapped size"):
-        tt.vmap(lambda xs: tt.TensorDict({"x": xs[0]}))([torch.ones(4, 2)])
-
-
 def _graph_breaks(fn, *args) -> int:
     torch._dynamo.reset()
     return torch._dynamo.explain(fn)(*args).graph_break_count

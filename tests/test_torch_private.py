@@ -3,6 +3,7 @@ tdtree takes them to mean: a torch release that moves one fails here, by name, b
 
 import torch
 
+from tdtree import _foreach
 from tdtree import _torch_private as P
 
 
@@ -100,3 +101,52 @@ def test_storage_ids_see_through_wrappers_of_fake_tensors():
     x = torch.randn(4, 3)
     torch.testing.assert_close(f(x), x * 14)
     torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(x), x * 14)
+
+
+# the foreach kernels tdtree calls, with arguments of each kind they take (lists, a number, a tensor, keywords)
+_KERNEL_CALLS = [
+    (torch._foreach_add, lambda xs, ys: (xs, ys), {"alpha": -0.5}),
+    (torch._foreach_add, lambda xs, ys: (xs, 2.0), {}),
+    (torch._foreach_sub, lambda xs, ys: (xs, ys), {}),
+    (torch._foreach_mul, lambda xs, ys: (xs, torch.tensor(3.0)), {}),
+    (torch._foreach_div, lambda xs, ys: (xs, ys), {}),
+    (torch._foreach_pow, lambda xs, ys: (xs, 2), {}),
+    (torch._foreach_lerp, lambda xs, ys: (xs, ys, 0.1), {}),
+    *[(k, lambda xs, ys: (xs,), {}) for k in (torch._foreach_neg, torch._foreach_abs, torch._foreach_exp,
+                                              torch._foreach_log, torch._foreach_sqrt, torch._foreach_sigmoid,
+                                              torch._foreach_tanh, torch._foreach_sign)],
+]
+_IN_PLACE_CALLS = [
+    (torch._foreach_add_, lambda xs, ys: (xs, ys), {}),
+    (torch._foreach_add_, lambda xs, ys: (xs, 1e-8), {}),
+    (torch._foreach_addcmul_, lambda xs, ys: (xs, ys, ys), {"value": 0.25}),
+    (torch._foreach_div_, lambda xs, ys: (xs, torch.tensor(2.0)), {}),
+    (torch._foreach_mul_, lambda xs, ys: (xs, torch.tensor(2.0)), {}),
+    (torch._foreach_copy_, lambda xs, ys: (xs, ys), {}),
+    (torch._foreach_zero_, lambda xs, ys: (xs,), {}),
+]
+
+
+def _lists():
+    g = torch.Generator().manual_seed(0)
+    return [torch.rand(3, 2, generator=g) + 0.5, torch.rand(4, generator=g) + 0.5], [
+        torch.rand(3, 2, generator=g) + 0.5, torch.rand(4, generator=g) + 0.5]
+
+
+def test_foreach_kernels_have_per_leaf_ops_of_the_same_name():
+    """``torch._foreach_NAME`` computes ``torch.NAME`` leaf by leaf (``Tensor.NAME_`` in place): the
+    naming that tdtree._foreach reads to run foreach calls inside transforms."""
+    for kernel, args, kwargs in _KERNEL_CALLS:
+        xs, ys = _lists()
+        per_leaf, _ = _foreach._RUNNERS[kernel]
+        torch.testing.assert_close(per_leaf(*args(xs, ys), **kwargs), kernel(*args(xs, ys), **kwargs))
+    for kernel, args, kwargs in _IN_PLACE_CALLS:
+        (xs, ys), (xs2, ys2) = _lists(), _lists()
+        per_leaf, fresh = _foreach._RUNNERS[kernel]
+        assert per_leaf(*args(xs, ys), **kwargs) is xs and kernel(*args(xs2, ys2), **kwargs) is xs2
+        torch.testing.assert_close(xs, xs2)
+        if fresh is not None:  # the same values as new tensors, the list given left alone
+            (xs3, ys3), before = _lists(), _lists()[0]
+            torch.testing.assert_close(fresh(*args(xs3, ys3), **kwargs), xs2)
+            torch.testing.assert_close(xs3, before)
+    assert _foreach._RUNNERS[torch._foreach_copy_][1] is None  # no torch.copy: never fresh
