@@ -14,6 +14,8 @@ torch release moves one of them.
   fake tensors dynamo traces with too, where ``data_ptr()`` is not.
 * ``nonstrict_trace``: how the tag rule runs its storage test, as plain Python
   on fake tensors, under ``torch.compile`` without a graph break.
+* For ``tdtree.testing``'s compile law: a backend that counts the frames it
+  compiles, and dynamo's count of graph breaks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from typing import Any, TypeVar
 import torch
 from torch._C import _functorch
 
-__all__ = ["transforms_active", "unwrapped", "storages", "storage_ids", "storage_id", "nonstrict_trace"]
+__all__ = [
+    "transforms_active", "unwrapped", "storages", "storage_ids", "storage_id", "nonstrict_trace",
+    "compile_counter", "graph_breaks",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,3 +74,16 @@ def storages(tensors: Iterable[torch.Tensor]) -> Iterator[torch.UntypedStorage]:
 
 
 nonstrict_trace: Callable[[F], F] = torch._dynamo.nonstrict_trace
+
+
+def compile_counter(backend: str) -> Any:
+    """A ``torch.compile`` backend that compiles with the backend named ``backend`` and counts the
+    frames it compiles (``.frame_count``): how ``tdtree.testing.check_compiles`` sees recompiles."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    return CompileCounterWithBackend(backend)
+
+
+def graph_breaks() -> int:
+    """How many graph breaks dynamo has counted in this process (``torch._dynamo.utils.counters``)."""
+    return sum(torch._dynamo.utils.counters["graph_break"].values())

@@ -68,3 +68,20 @@ def test_nonstrict_trace_runs_python_on_fake_tensors():
     out = torch.compile(lambda t: probe(t) * 2, fullgraph=True, backend="aot_eager")(torch.zeros(2))
     torch.testing.assert_close(out, torch.full((2,), 2.0))
     assert "FakeTensor" in calls
+
+
+def test_compile_counter_counts_frames_and_graph_breaks_are_counted():
+    counter = P.compile_counter("eager")
+    compiled = torch.compile(lambda x: x * 2, backend=counter)
+    compiled(torch.ones(2))
+    compiled(torch.ones(2))
+    assert counter.frame_count == 1
+    before = P.graph_breaks()
+
+    def breaks(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    torch.compile(breaks, backend="eager")(torch.ones(2))
+    assert P.graph_breaks() == before + 1
