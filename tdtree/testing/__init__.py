@@ -9,9 +9,12 @@
 * fixtures: :mod:`tdtree.testing.fixtures` (the ``pytest11`` entry point).
 
 hypothesis is needed only by the strategies and laws, imported on first use,
-so the assertions work without it.
+so the assertions work without it. When hypothesis is already imported, importing
+this package registers the strategies at once (for checkouts whose entry points
+are not installed).
 """
 
+import sys
 from typing import Any
 
 from ._assert import assert_close as assert_close
@@ -34,12 +37,21 @@ _LAZY = {
 }
 
 
+def _with_strategies() -> None:
+    """Import the strategies and register them with hypothesis (once)."""
+    from ._register import register_strategies
+
+    register_strategies()
+
+
+if "hypothesis" in sys.modules:
+    _with_strategies()
+
+
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'tdtree.testing' has no attribute {name!r}")
     import importlib
 
-    from . import _register
-
-    _register.register_strategies()
+    _with_strategies()
     return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
