@@ -44,7 +44,7 @@ def _with_strategies() -> None:
     register_strategies()
 
 
-if "hypothesis" in sys.modules:
+if sys.modules.get("hypothesis") is not None:
     _with_strategies()
 
 
