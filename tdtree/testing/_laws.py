@@ -5,6 +5,8 @@ inside your own ``@given`` test, next to other assertions), and
 ``check_<law>(fn, strategy)`` runs it as a hypothesis test over ``strategy``.
 A strategy that draws a tuple gives ``fn`` several positional arguments.
 Failures raise AssertionError naming the law, the key and the drawn example.
+A ``check_`` form is a test of its own: call it from a plain test function,
+not inside ``@given`` (hypothesis refuses nested tests; use ``assert_`` there).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def _name(fn: Callable[..., Any]) -> str:
 def _short(x: Any) -> str:
     if not isinstance(x, torch.Tensor):
         return repr(x)
+    if x.is_meta:
+        return f"{x.dtype} {tuple(x.shape)} on meta"
     flat = x.detach().cpu().reshape(-1)
     shown = ", ".join(repr(v) for v in flat[:6].tolist()) + (", ..." if flat.numel() > 6 else "")
     return f"{x.dtype} {tuple(x.shape)} [{shown}]"
