@@ -1,4 +1,5 @@
-"""Helpers the laws share: record a node's leaves and check nothing changed them; tag checks."""
+"""Helpers the laws share: record leaves before a step and check nothing changed them (where the step is
+more than one call: for one call, tdtree.testing.laws.assert_pure), tag checks."""
 
 from __future__ import annotations
 

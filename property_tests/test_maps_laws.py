@@ -1,9 +1,10 @@
 """Laws for apply, operators, unary math, where and reductions.
 
-For every op: the input is unchanged (leaf identity, ``_version``, values),
-the result equals the torch op applied leaf by leaf, and tags follow the
-storage rule on a locked input (new storage drops ``Locked``; reused storage,
-or no data at all, keeps it).
+For every op: the input is unchanged (tdtree.testing's purity law: structure,
+leaf identity, ``_version``, values bit for bit), the result equals the torch op
+applied leaf by leaf, and tags follow the storage rule on a locked input (the
+tag law, plus: these ops make new storage, which drops ``Locked``; no data at
+all keeps it). Reductions also satisfy the vmap and compile laws.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tdtree as tt
 from tdtree import Locked, TensorDict
-from tdtree.testing import assert_equal, batch_sizes, tensordicts
+from tdtree.testing import assert_equal, batch_sizes, check_compiles, check_vmap, tensordicts
+from tdtree.testing.laws import assert_pure, assert_tags
 
-from ._snapshot import assert_drops_tags, assert_unchanged, snapshot
+from ._snapshot import assert_drops_tags
 
 NUMERIC = (torch.float32, torch.int64)
 nodes = tensordicts(extra_batch_dims=True, noncontiguous=True)
@@ -31,12 +34,10 @@ float_nodes = tensordicts(dtypes=(torch.float32,), extra_batch_dims=True, noncon
 def check(
     op: Callable[[TensorDict], Any], expected: Callable[[TensorDict], Any], td: TensorDict, tags: bool = True
 ) -> None:
-    before = snapshot(td)
-    out = op(td)
-    assert_unchanged(td, before)
+    out = assert_pure(op, td)
     assert_equal(out, expected(td))
     if tags:
-        assert_drops_tags(op(td.lock()))
+        assert_drops_tags(assert_tags(op, td.lock()))
 
 
 SCALAR_OPS = {
@@ -67,11 +68,10 @@ def test_ops_on_bools_follow_torch_promotion(td, name, scalar):
 def test_node_with_node_pairs_by_key(td, name):
     op = SCALAR_OPS.get(name, operator.pow)
     other = abs(td) + 1
-    before = snapshot(other)
-    check(lambda n: op(n, other), lambda n: tt.tree.map(op, n, other), td, tags=False)
-    assert_unchanged(other, before)
-    assert op(td.lock(), other).tags == frozenset()  # no tag common to both inputs
-    assert_drops_tags(op(td.lock(), other.lock()))
+    out = assert_pure(op, td, other)
+    assert_equal(out, tt.tree.map(op, td, other))
+    assert assert_tags(op, td.lock(), other).tags == frozenset()  # no tag common to both inputs
+    assert_drops_tags(assert_tags(op, td.lock(), other.lock()))
 
 
 @given(st.data(), numeric_nodes, st.sampled_from(["add", "sub", "mul", "truediv", "lt"]), st.booleans())
@@ -118,14 +118,14 @@ def test_where(td, scalar_other):
         tags=False,
     )
     locked_other = other if scalar_other else other.lock()
-    assert_drops_tags(tt.where(cond.lock(), td.lock(), locked_other))
+    assert_drops_tags(assert_tags(tt.where, cond.lock(), td.lock(), locked_other))
 
 
 @given(numeric_nodes)
 def test_apply_is_map_and_keeps_tags_for_identity(td):
     check(lambda n: n.apply(lambda x: x * 2), lambda n: tt.tree.map(lambda x: x * 2, n), td)
     locked = td.lock()
-    same = locked.apply(lambda x: x)
+    same = assert_tags(lambda n: n.apply(lambda x: x), locked)
     assert same.tags == frozenset({Locked})
     for x, y in zip(tt.tree.leaves(same), tt.tree.leaves(td)):
         assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
@@ -155,22 +155,29 @@ def test_reductions_over_batch_dims(data, name, keepdim):
     dims = tuple(sorted(data.draw(st.sets(st.integers(0, n - 1), min_size=1))))
     dim: Any = dims[0] if len(dims) == 1 and data.draw(st.booleans()) else dims
     fn = REDUCTIONS[name]
-    before = snapshot(td)
-    out = getattr(td, name)(dim, keepdim=keepdim)
-    assert_unchanged(td, before)
+    out = assert_pure(lambda n: getattr(n, name)(dim, keepdim=keepdim), td)
     expected = [fn(x, dim=dims, keepdim=keepdim) for x in tt.tree.leaves(td)]
     for got, want in zip(tt.tree.leaves(out), expected, strict=True):
         assert_equal(got, want)
     kept = [1 if i in dims else s for i, s in enumerate(td.batch_size)]
     assert out.batch_size == torch.Size(kept if keepdim else [s for i, s in enumerate(td.batch_size) if i not in dims])
-    assert_drops_tags(getattr(td.lock(), name)(dim, keepdim=keepdim))
+    assert_drops_tags(assert_tags(lambda n: getattr(n, name)(dim, keepdim=keepdim), td.lock()))
+
+
+REDUCED = tensordicts(batch_sizes(min_dims=2, max_dims=2, min_side=1), dtypes=(torch.float32,), min_keys=1,
+                      empty_nodes=False, extra_batch_dims=True)
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "amax"])
+def test_reductions_over_a_batch_dim_vmap_and_compile(name):
+    # the reduction over batch dim 0 of each slice is the reduction over dim 1 of the node
+    check_vmap(lambda n: getattr(n, name)(0), REDUCED)
+    check_compiles(lambda n: getattr(n, name)(1), REDUCED, backend="eager", settings=settings(max_examples=2))
 
 
 @given(tensordicts(batch_sizes(min_side=1), dtypes=(torch.float32, torch.int64), extra_batch_dims=True))
 def test_sum_without_dim_reduces_every_root_batch_dim(td):
-    before = snapshot(td)
-    out = td.sum()
-    assert_unchanged(td, before)
+    out = assert_pure(lambda n: n.sum(), td)
     assert out.batch_size == torch.Size(())
     dims = tuple(range(td.ndim))
     for got, x in zip(tt.tree.leaves(out), tt.tree.leaves(td), strict=True):

@@ -16,8 +16,8 @@ from tdtree._base import Node
 from tdtree._maps import map_leaves
 from tdtree._tags import retag
 from tdtree.testing import assert_equal, tensordicts
+from tdtree.testing.laws import assert_pure
 
-from ._snapshot import assert_unchanged, snapshot
 
 MM = frozenset({Memmap, Locked})
 # tensordicts() draws integers from [-50, 50), which torch refuses for uint8: int16 leaves are
@@ -52,11 +52,9 @@ def assert_same_files(a_node: TensorDict, b_node: TensorDict) -> None:
 @given(NODES, st.booleans())
 def test_memmap_then_load_memmap_is_the_node(td, locked):
     td = td.lock() if locked else td
-    before = snapshot(td)
     with tempfile.TemporaryDirectory() as parent:
         prefix = os.path.join(parent, "mm")
-        out = td.memmap(prefix)
-        assert_unchanged(td, before)
+        out = assert_pure(lambda n: n.memmap(prefix), td)
         assert_equal(out, retag(td, MM))
         back = tt.load_memmap(prefix)
         assert_equal(back, out)
@@ -83,11 +81,9 @@ def test_memmap_node_pickles_to_the_same_files(td):
 @given(NODES, st.booleans())
 def test_load_of_save_is_the_node(td, locked):
     td = td.lock() if locked else td
-    before = snapshot(td)
     with tempfile.TemporaryDirectory() as parent:
         path = os.path.join(parent, "td.pt")
-        tt.save(td, path)
-        assert_unchanged(td, before)
+        assert_pure(lambda n: tt.save(n, path), td)
         back = tt.load(path)
         assert_equal(back, td)
         assert os.listdir(parent) == ["td.pt"]

@@ -8,6 +8,7 @@ the metadata is ``(td_meta, static)``, with ``td_meta`` the inner node's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import optree
@@ -19,17 +20,25 @@ from ._pytree import NAMESPACE, _check_children
 from ._tags import tagged_type
 from ._tcops import RecordOps
 
-__all__ = ["register", "registered", "rewrap"]
+__all__ = ["register", "registered", "rewrap", "watch"]
 
 # import path -> class, for every tensorclass made; a memmap directory names its class by
 # this path and is loaded back only as a class listed here (nothing is ever imported).
 _REGISTRY: dict[str, type] = {}
+# called with each class made (tdtree.testing registers each with hypothesis through this)
+_WATCHERS: list[Callable[[type], None]] = []
 
 
 def registered(name: object) -> Any:
     """The tensorclass made under the import path ``name`` (the latest one made), or None."""
     return _REGISTRY.get(name) if type(name) is str else None
 
+
+def watch(fn: Callable[[type], None]) -> None:
+    """Call ``fn`` with every tensorclass made so far and with each one made from now on."""
+    _WATCHERS.append(fn)
+    for cls in list(_REGISTRY.values()):
+        fn(cls)
 
 
 def register(cls: Any) -> None:
@@ -53,6 +62,8 @@ def register(cls: Any) -> None:
         serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
         flatten_with_keys_fn=_torch_flatten_with_keys,
     )
+    for fn in _WATCHERS:
+        fn(cls)
 
 
 def _flatten(tc: Any) -> tuple[list[Any], tuple, tuple[str, ...]]:

@@ -17,12 +17,15 @@ torch release moves one of them.
 * Whether a storage holds bytes when its size is data-dependent (``td[mask]``
   under ``torch.compile``): ``guard_or_true`` answers without guarding on a
   size the trace cannot know, and the answer is "it may", so the rule fails safe.
+* For ``tdtree.testing``'s compile law: a backend that counts the frames it
+  compiles, and dynamo's count of graph breaks.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 from torch._C import _functorch
@@ -36,6 +39,8 @@ __all__ = [
     "storage_id",
     "holds_data",
     "nonstrict_trace",
+    "compile_counter",
+    "graph_breaks",
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a
@@ -89,3 +94,17 @@ def holds_data(storage: torch.UntypedStorage) -> bool:
 
 
 nonstrict_trace = torch._dynamo.nonstrict_trace  # typed by torch: it keeps the function's signature
+
+
+def compile_counter(backend: str) -> Any:
+    """A ``torch.compile`` backend that compiles with the backend named ``backend`` and counts the
+    frames it compiles (``.frame_count``): how ``tdtree.testing.check_compiles`` sees recompiles."""
+    # torch's test helpers load only for the law that asks for them, not with every import of tdtree
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    return CompileCounterWithBackend(backend)
+
+
+def graph_breaks() -> int:
+    """How many graph breaks dynamo has counted in this process (``torch._dynamo.utils.counters``)."""
+    return sum(torch._dynamo.utils.counters["graph_break"].values())

@@ -150,3 +150,20 @@ def test_foreach_kernels_have_per_leaf_ops_of_the_same_name():
             torch.testing.assert_close(fresh(*args(xs3, ys3), **kwargs), xs2)
             torch.testing.assert_close(xs3, before)
     assert _foreach._RUNNERS[torch._foreach_copy_][1] is None  # no torch.copy: never fresh
+
+
+def test_compile_counter_counts_frames_and_graph_breaks_are_counted():
+    counter = P.compile_counter("eager")
+    compiled = torch.compile(lambda x: x * 2, backend=counter)
+    compiled(torch.ones(2))
+    compiled(torch.ones(2))
+    assert counter.frame_count == 1
+    before = P.graph_breaks()
+
+    def breaks(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    torch.compile(breaks, backend="eager")(torch.ones(2))
+    assert P.graph_breaks() == before + 1

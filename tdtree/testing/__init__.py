@@ -1,20 +1,57 @@
-"""Testing helpers: equality assertions that name the key, and hypothesis strategies for nodes.
+"""Testing node code: assertions, hypothesis strategies, laws and pytest fixtures.
 
-The strategies need hypothesis and are imported on first use, so
-``assert_equal`` works without it.
+* ``assert_equal`` / ``assert_close``: compare nodes, tensorclasses and tensors; messages name the key.
+* strategies: ``tensordicts``, ``tensorclasses``, ``same_structure``, ``batch_sizes``, ``nested_keys``;
+  ``st.from_type(tt.TensorDict)`` and ``st.from_type(MyTensorClass)`` work once they are registered
+  (by hypothesis's entry point when tdtree is installed, or on first use of a strategy here).
+* laws: ``check_pure``, ``check_tags``, ``check_compiles``, ``check_vmap``, ``check_grad`` run a
+  hypothesis test over a user's function; :mod:`tdtree.testing.laws` also has one-example forms.
+* fixtures: :mod:`tdtree.testing.fixtures` (the ``pytest11`` entry point).
+
+hypothesis is needed only by the strategies and laws, imported on first use,
+so the assertions work without it. When hypothesis is already imported, importing
+this package registers the strategies at once (for checkouts whose entry points
+are not installed).
 """
 
+import sys
 from typing import Any
 
 from ._assert import assert_close as assert_close
 from ._assert import assert_equal as assert_equal
+from ._values import ALL_DTYPES as ALL_DTYPES
+from ._values import DEFAULT_DTYPES as DEFAULT_DTYPES
+from ._values import available_devices as available_devices
 
-__all__ = ["assert_close", "assert_equal", "batch_sizes", "nested_keys", "tensordicts"]
+__all__ = [
+    "assert_close", "assert_equal", "ALL_DTYPES", "DEFAULT_DTYPES", "available_devices",
+    "batch_sizes", "nested_keys", "tensordicts", "same_structure", "tensorclasses", "TAG_SETS",
+    "register_strategies", "check_pure", "check_tags", "check_compiles", "check_vmap", "check_grad",
+]
+
+_LAZY = {
+    "batch_sizes": "_strategies", "nested_keys": "_strategies", "tensordicts": "_strategies",
+    "same_structure": "_strategies", "tensorclasses": "_tcstrategies", "TAG_SETS": "_tagging",
+    "register_strategies": "_register", "check_pure": "laws", "check_tags": "laws",
+    "check_compiles": "laws", "check_vmap": "laws", "check_grad": "laws",
+}
+
+
+def _with_strategies() -> None:
+    """Import the strategies and register them with hypothesis (once)."""
+    from ._register import register_strategies
+
+    register_strategies()
+
+
+if sys.modules.get("hypothesis") is not None:
+    _with_strategies()
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("batch_sizes", "nested_keys", "tensordicts"):
-        from . import _strategies
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tdtree.testing' has no attribute {name!r}")
+    import importlib
 
-        return getattr(_strategies, name)
-    raise AttributeError(f"module 'tdtree.testing' has no attribute {name!r}")
+    _with_strategies()
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -1,0 +1,80 @@
+"""tdtree.testing's pytest fixtures and the entry points that install them (and the hypothesis hook)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SUITE = '''
+import json, os, torch, tdtree as tt
+from tdtree.testing.fixtures import *  # noqa: F403 - a checkout not installed imports the plugin
+
+SEEN = {}
+
+def test_memmap(tdtree_memmap_dir, tdtree_memmap):
+    assert tdtree_memmap_dir.is_dir() and not list(tdtree_memmap_dir.iterdir())
+    td = tdtree_memmap(tt.TensorDict({"a": torch.ones(3)}, [3]))
+    assert td.tags == frozenset({tt.Memmap, tt.Locked})
+    again = tdtree_memmap(td)
+    assert again["a"].untyped_storage().filename != td["a"].untyped_storage().filename
+    SEEN["dir"] = str(tdtree_memmap_dir)
+
+def test_shared(tdtree_shared):
+    td = tdtree_shared(tt.TensorDict({"a": torch.ones(3)}, [3]))
+    assert td.tags == frozenset({tt.Shared, tt.Locked}) and td["a"].is_shared()
+
+def test_after():
+    with open(os.environ["SEEN_FILE"], "w") as f:
+        json.dump(SEEN, f)
+'''
+
+
+def test_fixtures_give_memmap_and_shared_nodes_and_remove_the_files(tmp_path):
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(SUITE))
+    seen = tmp_path / "seen.json"
+    env = {**os.environ, "SEEN_FILE": str(seen), "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:tdtree", str(tmp_path / "test_user.py")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "3 passed" in run.stdout
+    assert not Path(json.loads(seen.read_text())["dir"]).exists()
+
+
+def test_entry_points_name_importable_targets():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    module, _, name = project["hypothesis"]["tdtree"].partition(":")
+    hook = getattr(importlib.import_module(module), name)
+    hook()  # registering twice is harmless
+    plugin = importlib.import_module(project["pytest11"]["tdtree"])
+    for fixture in ("tdtree_memmap_dir", "tdtree_memmap", "tdtree_shared"):
+        assert hasattr(plugin, fixture)
+
+
+def test_assertions_import_without_hypothesis():
+    code = (
+        "import sys; sys.modules['hypothesis'] = None; import tdtree; print('tdtree ok'); "
+        "import tdtree.testing as T; T.assert_equal(1, 1); print('assert ok')"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.stdout.split() == ["tdtree", "ok", "assert", "ok"], run.stderr
+
+
+@pytest.mark.parametrize("name", ["tensordicts", "check_pure", "tensorclasses"])
+def test_strategies_and_laws_are_reached_from_the_package(name):
+    import tdtree.testing as T
+
+    assert callable(getattr(T, name))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        T.nope  # noqa: B018
