@@ -18,7 +18,7 @@ import torch.utils._pytree as torch_pytree
 
 import tdtree as tt
 import tdtree.optim as optim
-from tdtree._base import make_tagged, with_meta
+from tdtree._base import from_meta, make, make_tagged, with_meta
 from tdtree._tags import tagged_type
 from tdtree.errors import LockedError
 
@@ -42,6 +42,23 @@ def _assert_values(node: tt.TensorDict, expected: dict[str, Any]) -> None:
     want = optree.tree_flatten(expected)
     assert got[1] == want[1]
     assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+
+
+# -- the factories --------------------------------------------------------------------------------------
+
+
+def test_result_factories_build_untagged_nodes_of_the_root_type() -> None:
+    sh = _shared()
+    cls = type(sh)
+    data, meta = dict(sh._data), sh._meta
+    for node in (
+        make(cls, data, meta[1], meta[2]),
+        from_meta(cls, meta, list(data.values())),
+        with_meta(cls, data, meta),
+    ):
+        assert type(node) is tt.TensorDict and node.tags == frozenset() and node._meta[:3] == meta[:3]
+    tagged = make_tagged(cls, data, meta)  # the one factory that writes tags (retag's)
+    assert type(tagged) is cls and tagged.tags == sh.tags
 
 
 # -- tt.tree ----------------------------------------------------------------------------------------
