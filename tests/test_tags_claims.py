@@ -246,3 +246,30 @@ def test_sgd_and_adam_on_a_shared_tensorclass_are_untagged() -> None:
     ref.grad = torch.ones(3)
     adam.step()
     assert torch.allclose(new.w, ref.detach())
+
+
+# -- the rule on containers under torch.compile -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: tt.tree.map(lambda x: x, {"a": [t]}),
+        lambda t: tt.tree.map(lambda x: x + 1, {"a": t}),
+        lambda t: optim.sgd({"p": t}, {"p": t}, 0.1)[0],
+        lambda t: t.unlock().update({"n": t}),
+    ],
+    ids=["map-keeps", "map-drops", "sgd-dict", "update-with-node"],
+)
+def test_compiled_rule_finds_nodes_in_containers_as_eager(backend: str, fn: Any) -> None:
+    torch._dynamo.reset()
+    sh = _shared()
+    out = torch.compile(fn, fullgraph=True, backend=backend)(sh)
+    want = fn(sh)
+
+    def tags(tree: Any) -> list[set[frozenset]]:
+        return [tag_sets(n) for n in tt.tree.leaves(tree, is_leaf=lambda x: isinstance(x, tt.TensorDict))]
+
+    assert tags(out) == tags(want)
+    assert all(torch.equal(a, b) for a, b in zip(tt.tree.leaves(out), tt.tree.leaves(want), strict=True))
