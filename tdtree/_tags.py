@@ -399,6 +399,9 @@ def tag_rule(fn: F) -> F:
         "_ruled_out": _ruled_out,
     }
     for p in inspect.signature(fn).parameters.values():
+        if p.name.startswith("_"):
+            # the wrapper's own names (_fn, _out, _default_*, ...) start with one
+            raise TypeError(f"tag_rule: {fn.__qualname__} has a parameter {p.name!r}; rename it without the leading _")
         if p.default is not inspect.Parameter.empty:
             namespace[f"_default_{p.name}"] = p.default
     exec(_gate_source(fn), namespace)  # noqa: S102 - source built above from fn's own parameter names
