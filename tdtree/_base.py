@@ -7,23 +7,44 @@ A node holds two slots: ``_data``, a dict from key to leaf in canonical
 are for results of operations, whose inputs were validated when they entered;
 ``fill`` writes the slots of a node the constructor made.
 
-These four are the only code that writes slots. Eager code writes them through
+The three result factories build untagged nodes of the root type, whatever
+type or metadata they are given (DESIGN 3.1): a node made from leaves has no
+inputs whose storages it could compare, so an operation that forgets the tag
+rule loses tags instead of keeping false ones. ``make_tagged`` is the one
+factory that writes tags; only :func:`tdtree._tags.retag` calls it.
+
+These five are the only code that writes slots. Eager code writes them through
 the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
-``__set__``, so each of the four has a traced twin, registered with
+``__set__``, so each of the five has a traced twin, registered with
 ``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 """
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch.compiler import substitute_in_graph
 
-__all__ = ["Node", "NodeT", "make", "from_meta", "with_meta", "fill", "sorted_data", "leaf_or_node"]
+__all__ = [
+    "Node", "NodeT", "Holder", "NO_TAGS", "UNTAGGED_TYPES", "TAGGED_TYPES", "make", "from_meta", "with_meta", "make_tagged", "fill", "sorted_data",
+    "leaf_or_node",
+]
+
+NO_TAGS: frozenset = frozenset()
+
+# The tag rule's gate tells an argument by one lookup of its type in these: values that hold no node
+# and the untagged node types pass, tagged node types stop it. Node types add themselves when made.
+UNTAGGED_TYPES: set[type] = {
+    torch.Tensor, str, int, float, bool, type(None), torch.device, torch.dtype, torch.Size, slice, type(...),
+    types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial,
+}
+TAGGED_TYPES: set[type] = set()
 
 
 class Node:
@@ -38,7 +59,9 @@ class Node:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "_tags" in cls.__dict__:
+            TAGGED_TYPES.add(cls)
             return  # a tagged variant, made and registered by _tags.tagged_type
+        UNTAGGED_TYPES.add(cls)
         cls._root = cls
         from . import _pickle, _pytree
 
@@ -59,6 +82,17 @@ class Node:
 NodeT = TypeVar("NodeT", bound=Node)
 
 
+class Holder:
+    """Base of types that hold a node in ``_td`` and are rebuilt around a new one by ``_wrap(node)``
+    (tensorclasses): the tag rule finds their node and puts its decision back through them."""
+
+    __slots__ = ()
+    _td: Any
+
+    def _wrap(self, out: Any) -> Any:
+        raise NotImplementedError
+
+
 _new = object.__new__
 # the slot descriptors themselves (``Node._data`` reads the descriptor too, but is typed as the slot's value)
 _set_data = vars(Node)["_data"].__set__
@@ -72,42 +106,64 @@ def _traced(node: Any, data: dict[str, Any], meta: tuple) -> Any:
     return node
 
 
+def _untagged(meta: tuple) -> tuple:
+    return (meta[0], meta[1], meta[2], NO_TAGS)
+
+
 def make(cls: type[Node], data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
-    """Build a node of type ``cls`` from ``data`` already in canonical key order."""
-    node = _new(cls)
+    """An untagged node of ``cls``'s root type from ``data`` already in canonical key order."""
+    node = _new(cls._root)
     _set_data(node, data)
-    _set_meta(node, (tuple(data), batch_size, device, cls._tags))
+    _set_meta(node, (tuple(data), batch_size, device, NO_TAGS))
     return node
 
 
 @substitute_in_graph(make)
 def _make_traced(cls: type[Node], data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
-    return _traced(object.__new__(cls), data, (tuple(data), batch_size, device, cls._tags))
+    return _traced(object.__new__(cls._root), data, (tuple(data), batch_size, device, NO_TAGS))
 
 
 def from_meta(cls: type[Node], meta: tuple, values: Any) -> Any:
-    """Build a node from pytree metadata and children (the unflatten path)."""
-    node = _new(cls)
+    """An untagged node of ``cls``'s root type from pytree metadata (its tags left out) and children:
+    the unflatten path."""
+    node = _new(cls._root)
     _set_data(node, dict(zip(meta[0], values)))
-    _set_meta(node, meta)
+    _set_meta(node, _untagged(meta) if meta[3] else meta)
     return node
 
 
 @substitute_in_graph(from_meta)
 def _from_meta_traced(cls: type[Node], meta: tuple, values: Any) -> Any:
-    return _traced(object.__new__(cls), dict(zip(meta[0], values)), meta)
+    return _traced(object.__new__(cls._root), dict(zip(meta[0], values)), _untagged(meta) if meta[3] else meta)
 
 
 def with_meta(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
-    """Build a node of type ``cls`` from ``data`` and its metadata ``meta`` (``meta[0]`` is ``tuple(data)``)."""
+    """An untagged node of ``cls``'s root type from ``data`` and its metadata ``meta`` (``meta[0]`` is
+    ``tuple(data)``; its tags are left out)."""
+    node = _new(cls._root)
+    _set_data(node, data)
+    _set_meta(node, _untagged(meta) if meta[3] else meta)
+    return node
+
+
+@substitute_in_graph(with_meta)
+def _with_meta_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
+    return _traced(object.__new__(cls._root), data, _untagged(meta) if meta[3] else meta)
+
+
+def make_tagged(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
+    """A node of the tagged type ``cls`` from ``data`` and ``meta``, whose tags are ``cls._tags``.
+
+    The one factory that writes tags: only :func:`tdtree._tags.retag` calls it.
+    """
     node = _new(cls)
     _set_data(node, data)
     _set_meta(node, meta)
     return node
 
 
-@substitute_in_graph(with_meta)
-def _with_meta_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
+@substitute_in_graph(make_tagged)
+def _make_tagged_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
     return _traced(object.__new__(cls), data, meta)
 
 

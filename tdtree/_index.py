@@ -20,7 +20,7 @@ import torch
 
 from ._base import Node, NodeT, from_meta
 from ._inplace import _broadcasts, _same_device
-from ._keyops import check_unlocked, walk
+from ._keyops import check_unlocked_tree, walk
 from ._maps import flat, rebuild, unflat
 from ._tags import tag_rule
 from .errors import BatchDimError, BatchSizeError, KeyMismatchError
@@ -323,7 +323,7 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     number or tensor (aligned with the batch dims) for every leaf. Refused on a
     Locked node. Leaves are new storage, so tags are dropped.
     """
-    check_unlocked(node, "at[...].set")
+    check_unlocked_tree(node, "at[...].set")
     if isinstance(value, Node):
         leaf_index, new = normalize(node._meta[1], index)
         if value._meta[1] == new:

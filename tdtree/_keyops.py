@@ -12,15 +12,16 @@ from typing import Any
 
 import torch
 
-from ._base import Node, NodeT, make, sorted_data, with_meta
+from ._base import NO_TAGS, Node, NodeT, make, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
-from ._tags import Locked, tag_rule
+from ._tags import Locked, retag, tag_rule
 from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
 from .errors import BatchSizeError, KeyCollisionError, KeyNotFoundError, LockedError, NotANodeKeyError
 
 __all__ = [
     "MISSING",
     "check_unlocked",
+    "check_unlocked_tree",
     "get",
     "contains",
     "walk",
@@ -46,9 +47,32 @@ _ABSENT: Any = object()
 _ALL = object()
 
 
-def check_unlocked(node: Node, op: str) -> None:
-    if Locked in type(node)._tags:
-        raise LockedError(op)
+def check_unlocked(node: Node, op: str, path: tuple[str, ...] = ()) -> None:
+    """Raise LockedError naming ``op`` (and ``path``, the node's key below the root edited) when
+    ``node`` is Locked."""
+    tags = node._meta[3]
+    if tags and Locked in tags:
+        raise LockedError(op, display(path) if path else None)
+
+
+def check_unlocked_tree(node: Node, op: str, path: tuple[str, ...] = ()) -> None:
+    """:func:`check_unlocked` for ``node`` and every sub-node of it (an editor that rebuilds them all)."""
+    check_unlocked(node, op, path)
+    for k, v in node._data.items():
+        if isinstance(v, Node):
+            check_unlocked_tree(v, op, (*path, k))
+
+
+def _check_path_unlocked(node: Node, path: tuple[str, ...], op: str) -> None:
+    """:func:`check_unlocked` for ``node`` and each sub-node ``path`` goes through (the nodes an edit at
+    ``path`` rebuilds)."""
+    check_unlocked(node, op)
+    level: Any = node
+    for depth, part in enumerate(path[:-1]):
+        level = level._data.get(part)
+        if not isinstance(level, Node):
+            return
+        check_unlocked(level, op, path[: depth + 1])
 
 
 def _not_found(path: tuple[str, ...], depth: int, level: Node) -> KeyNotFoundError:
@@ -175,10 +199,15 @@ def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -
     return walk(node, include_nested, leaves_only)
 
 
-def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: Any) -> NodeT:
+def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: Any, op: str) -> NodeT:
+    """``node`` (at ``full[:-len(path)]`` below the root edited) with ``value`` at ``path``: the nodes on
+    the path rebuilt, each refused with LockedError naming ``op`` when Locked."""
     head = path[0]
     old = node._data
-    _, batch_size, device, _ = node._meta
+    _, batch_size, device, tags = node._meta
+    if tags and Locked in tags:
+        depth = len(full) - len(path)
+        raise LockedError(op, display(full[:depth]) if depth else None)
     new = old.copy()  # not dict(old): dynamo traces that through a polyfill that adds guards
     if len(path) == 1:
         new[head] = entry(full, value, batch_size, device, type(node)._root)
@@ -192,7 +221,7 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
                 f"cannot set {display(full)!r}: {display(full[:depth])!r} is a tensor, not a node"
             )
         else:
-            new[head] = _set_path(child, path[1:], full, value)
+            new[head] = _set_path(child, path[1:], full, value, op)
     keys = node._meta[0]
     if head not in old and keys and head < keys[-1]:
         # A new key before the last one went in last: moving the keys after it behind it, in their
@@ -218,42 +247,32 @@ def _chain(
     if device is None:
         data, dev = settle_device(data, device)
     node: Any = data[path[-1]]
-    tags = cls._tags
+    untagged = NO_TAGS  # a local: read once per level
     # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
     for part in path[::-1]:
-        node = with_meta(cls, {part: node}, ((part,), batch_size, dev, tags))
+        node = with_meta(cls, {part: node}, ((part,), batch_size, dev, untagged))
     return node
 
 
+@tag_rule
 def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
     """A new node with ``value`` at ``key``; missing intermediate nodes are created.
 
-    Refused on a Locked node. Tags: kept only when ``value`` uses a storage the
-    node already used (the rule).
-
-    An untagged node needs no tag rule: it is not Locked, and a result of untagged inputs keeps no
-    tags (a node given as ``value`` comes back untagged from entry()), so the rule's wrapper is skipped.
+    Refused on a Locked node, or one whose sub-node on the path to ``key`` is
+    Locked (LockedError naming it). Tags: kept only when ``value`` uses a storage
+    the node already used (the rule); a node given as ``value`` is put in untagged
+    and the rule decides the whole result.
     """
-    if node._meta[3]:
-        return _set_tagged(node, key, value)
     path = as_path(key)
-    return _set_path(node, path, path, value)
+    return _set_path(node, path, path, value, "set")
 
 
 @tag_rule
-def _set_tagged(node: NodeT, key: NestedKey, value: Any) -> NodeT:
-    check_unlocked(node, "set")
-    path = as_path(key)
-    return _set_path(node, path, path, value)
-
-
 def set_path(node: NodeT, path: tuple[str, ...], value: Any) -> NodeT:
     """:func:`set_entry` for a ``path`` already checked by ``as_path`` (a module's out key): the same
     node, tags and errors.
     """
-    if node._meta[3]:
-        return _set_tagged(node, path, value)
-    return _set_path(node, path, path, value)
+    return _set_path(node, path, path, value, "set")
 
 
 @tag_rule
@@ -263,12 +282,14 @@ def setdefault(node: NodeT, key: NestedKey, default: Any) -> NodeT:
     path = as_path(key)
     if get(node, path, _ABSENT) is not _ABSENT:
         return node
-    return _set_path(node, path, path, default)
+    return _set_path(node, path, path, default, "setdefault")
 
 
 def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ...]) -> NodeT:
     old = node._data
-    _, batch_size, device, _ = node._meta
+    _, batch_size, device, tags = node._meta
+    if tags:
+        check_unlocked(node, "update", prefix)
     # A node with this batch size and device was checked against both when it was built (and holds
     # untagged sub-nodes): its entries fit as they are, so entry() would find nothing to do.
     trusted = False
@@ -281,7 +302,8 @@ def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ..
         if isinstance(current, Node) and isinstance(v, (Node, Mapping)):
             new[k] = _update(current, v if isinstance(v, Node) else nest(v), (*prefix, k))
         elif trusted:
-            new[k] = v
+            # a sub-node goes in untagged, as entry() puts it (the rule decides the result's tags)
+            new[k] = retag(v, NO_TAGS) if isinstance(v, Node) else v
         else:
             new[k] = entry((*prefix, k), v, batch_size, device, type(node)._root)
     new, device = settle_device(sorted_data(new), device)
@@ -292,15 +314,21 @@ def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ..
 def update(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     """A new node with the entries of ``other`` set; nested mappings merge into existing sub-nodes.
 
-    Refused on a Locked node. Tags follow the rule.
+    Refused on a Locked node, or one with a Locked sub-node that a nested mapping merges into
+    (LockedError naming it). Tags follow the rule, with the nodes in ``other`` among its inputs.
     """
-    check_unlocked(node, "update")
     return _update(node, other if isinstance(other, Node) else nest(other), ())
 
 
-def _trie(paths: tuple[tuple[str, ...], ...]) -> dict[str, Any]:
+def _trie(paths: tuple[Any, ...]) -> dict[str, Any]:
+    """The paths as a trie: nested dicts of keys, ``_ALL`` where a whole entry is named. A path is a
+    checked tuple of str or a key (a str is told inline, a nested key checked by ``as_path``)."""
     trie: dict[str, Any] = {}
     for path in paths:
+        if type(path) is str:  # a top-level key names its whole entry: no tuple to make and walk
+            trie[path] = _ALL
+            continue
+        path = as_path(path)
         level = trie
         for part in path[:-1]:
             nxt = level.get(part)
@@ -351,6 +379,7 @@ def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> N
     return make(type(node), sorted_data(data) if len(data) > 1 else data, batch_size, device)
 
 
+@tag_rule
 def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     """A node with only ``keys`` (a union: a key and its sub-keys keep the whole key).
 
@@ -358,17 +387,8 @@ def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     Tags are kept (no data is made).
     """
     if not keys:
-        # no leaves, so the tag rule keeps the node's own tags: its type as it is
         return make(type(node), {}, node._meta[1], node._meta[2])
-    # an untagged node's result keeps no tags either way: no tag rule's wrapper to pay for
-    return (_select_tagged if node._meta[3] else _select_keys)(node, keys, strict)
-
-
-def _select_keys(node: NodeT, keys: tuple[NestedKey, ...], strict: bool) -> NodeT:
-    return _select(node, _trie(tuple(map(as_path, keys))), strict, ())
-
-
-_select_tagged = tag_rule(_select_keys)
+    return _select(node, _trie(keys), strict, ())
 
 
 def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
@@ -389,28 +409,17 @@ def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> 
     return make(type(node), data, batch_size, device)
 
 
+@tag_rule
 def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
     """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
-    # an untagged node's result keeps no tags either way: no tag rule's wrapper to pay for
-    return (_exclude_tagged if node._meta[3] else _exclude_keys)(node, keys, strict)
+    return _exclude(node, _trie(keys), strict, ())
 
 
-def _exclude_keys(node: NodeT, keys: tuple[NestedKey, ...], strict: bool) -> NodeT:
-    return _exclude(node, _trie(tuple(map(as_path, keys))), strict, ())
-
-
-_exclude_tagged = tag_rule(_exclude_keys)
-
-
+@tag_rule
 def exclude_paths(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
     """``exclude(node, *paths, strict=False)`` for paths already checked by ``as_path`` (the keys a
     module chain drops): the same node, tags kept.
-
-    An untagged node needs no tag rule (its result keeps no tags either way), so the rule's wrapper
-    is skipped.
     """
-    if node._meta[3]:
-        return _exclude_tagged(node, tuple(paths), False)
     return _exclude(node, _trie(tuple(paths)), False, ())
 
 
@@ -419,10 +428,11 @@ def rename(node: NodeT, mapping: Mapping[NestedKey, NestedKey]) -> NodeT:
     """A node with each key ``old`` of ``mapping`` moved to ``new``.
 
     A ``new`` key that exists and is not renamed away raises KeyCollisionError.
-    Refused on a Locked node.
+    Refused on a Locked node, or one with a Locked sub-node on a path it edits.
     """
-    check_unlocked(node, "rename")
     moves = [(as_path(old), as_path(new)) for old, new in mapping.items()]
+    for old, _ in moves:
+        _check_path_unlocked(node, old, "rename")
     moved = [(new, get(node, old)) for old, new in moves]
     targets = [new for new, _ in moved]
     if len(set(targets)) != len(targets):
@@ -431,7 +441,7 @@ def rename(node: NodeT, mapping: Mapping[NestedKey, NestedKey]) -> NodeT:
     for new, value in moved:
         if get(out, new, _ABSENT) is not _ABSENT:
             raise KeyCollisionError(f"rename: {display(new)!r} already exists; exclude it first")
-        out = _set_path(out, new, new, value)
+        out = _set_path(out, new, new, value, "rename")
     return out
 
 

@@ -27,7 +27,7 @@ from . import _inplace, _records, _shared
 from ._base import Node
 from ._keys import NestedKey, as_path
 from ._repr import node_repr
-from ._tags import Locked, Memmap, Shared, Tag, retag, tagged_type
+from ._tags import Locked, Memmap, Shared, Tag, refuse_tagged, retag, tagged_type
 from ._validate import construct
 
 __all__ = ["TensorDict"]
@@ -50,6 +50,8 @@ class TensorDict(Node):
 
     The constructor makes untagged nodes (nodes put inside it are retagged to
     match); tags come from :meth:`lock`, :meth:`share_memory`, :meth:`memmap`.
+    A tagged type (``TensorDict[Shared]``) cannot be called, nor its ``from_*``
+    constructors: TypeError naming those three.
     """
 
     __slots__ = ()
@@ -73,17 +75,25 @@ class TensorDict(Node):
     def from_dict(
         cls, data: Mapping[Any, Any], batch_size: int | Sequence[int] | None = None, device: Any = None
     ) -> TensorDict:
-        """A node from nested mappings; ``batch_size=None`` infers the longest common prefix per level."""
+        """An untagged node from nested mappings; ``batch_size=None`` infers the longest common prefix per level."""
+        if cls._tags:
+            raise refuse_tagged(cls, f"{cls.__name__}.from_dict")
         return _keyops.from_dict(cls._root, data, batch_size, device)
 
     @classmethod
     def from_dataclass(cls, obj: Any, batch_size: int | Sequence[int] | None = None, device: Any = None) -> TensorDict:
-        """A node with one entry per field of a dataclass instance; nested records nest; batch size as from_dict."""
+        """An untagged node with one entry per field of a dataclass instance; nested records nest; batch size as
+        from_dict."""
+        if cls._tags:
+            raise refuse_tagged(cls, f"{cls.__name__}.from_dataclass")
         return _records.from_dataclass(cls._root, obj, batch_size, device)
 
     @classmethod
     def from_namedtuple(cls, obj: Any, batch_size: int | Sequence[int] | None = None, device: Any = None) -> TensorDict:
-        """A node with one entry per field of a named tuple; nested records nest; batch size as from_dict."""
+        """An untagged node with one entry per field of a named tuple; nested records nest; batch size as
+        from_dict."""
+        if cls._tags:
+            raise refuse_tagged(cls, f"{cls.__name__}.from_namedtuple")
         return _records.from_namedtuple(cls._root, obj, batch_size, device)
 
     def to_namedtuple(self) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ._base import Node, make
-from ._tags import Memmap, Shared, tag_named, tagged_type
+from ._tags import Memmap, Shared, retag, tag_named
 
 __all__ = ["reduce_node", "rebuild_node", "root_name", "root_named"]
 
@@ -85,12 +85,9 @@ def rebuild_node(
         for v in values:
             if isinstance(v, torch.Tensor) and not v.is_shared():
                 v.share_memory_()
-    return make(
-        tagged_type(root, tags),
-        dict(zip(keys, values)),
-        torch.Size(batch_size),
-        None if device is None else torch.device(device),
-    )
+    # the claims are true again (above), so the tags are written back: unpickling is one of retag's callers
+    node = make(root, dict(zip(keys, values)), torch.Size(batch_size), None if device is None else torch.device(device))
+    return retag(node, tags) if tags else node
 
 
 torch.serialization.add_safe_globals([rebuild_node])

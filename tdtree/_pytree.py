@@ -1,7 +1,10 @@
 """Registration of node types with optree (namespace ``"tdtree"``) and torch's pytree.
 
 Children are the values in canonical key order; the metadata is
-``(keys, batch_size, device, tags)``. The torch side also checks, on unflatten,
+``(keys, batch_size, device, tags)``. Unflatten builds untagged nodes whatever
+the tags in the metadata (DESIGN 3.1: a node built from leaves has no inputs
+to compare storages with), so two structures still differ by tags but nothing
+rebuilt from leaves claims any. The torch side also checks, on unflatten,
 that every child starts with the batch size: ``torch.func.vmap`` hands
 transformed functions leaves that have lost the mapped dimension, and a node
 must never claim a batch size its leaves do not have.

@@ -9,19 +9,25 @@ The rule, applied by :func:`tag_rule` to every operation that returns nodes:
 a result carries the tags common to its node inputs if and only if every leaf
 of the result that holds data uses a storage one of those inputs already used;
 otherwise it carries none. Untagged inputs skip the check.
+
+Tags come only from :func:`retag` (called by ``lock``, ``share_memory``,
+``memmap``, ``load_memmap`` and the rule): a tagged type cannot be called, and
+every other factory builds untagged nodes (DESIGN 3.1).
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Iterable, Iterator
+import inspect
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import optree
 import torch
 
-from ._base import Node, with_meta
-from ._pytree import register
+from ._base import NO_TAGS, TAGGED_TYPES, UNTAGGED_TYPES, Holder, Node, make_tagged, with_meta
+from ._pytree import NAMESPACE, register
 from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
 
 __all__ = [
@@ -31,8 +37,10 @@ __all__ = [
     "Memmap",
     "tag_named",
     "tagged_type",
+    "refuse_tagged",
     "retag",
     "tag_rule",
+    "holds_tagged",
     "storage_key",
 ]
 
@@ -86,6 +94,23 @@ def tag_named(name: str) -> Tag:
 
 
 _TYPES: dict[tuple[type, frozenset], type] = {}
+# root -> its tagged types with their tags, for retag: compiled code compares tag sets but cannot hash them
+_VARIANTS: dict[type, list[tuple[frozenset, type]]] = {}
+
+
+def refuse_tagged(cls: type, what: str) -> TypeError:
+    """The error for building a node of the tagged type ``cls`` by ``what`` (a constructor)."""
+    root = getattr(cls, "_root", cls).__name__
+    return TypeError(
+        f"{what}: {cls.__name__} is a tagged type and cannot be built directly: tags claim what the "
+        f"storage is, and a node built from leaves has none to check. Build a {root} and call "
+        ".lock(), .share_memory() or .memmap(prefix) on it."
+    )
+
+
+def _refused_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    raise refuse_tagged(cls, f"{cls.__name__}(...)")
 
 
 def tagged_type(root: type, tags: Iterable[Tag]) -> type:
@@ -105,11 +130,24 @@ def tagged_type(root: type, tags: Iterable[Tag]) -> type:
     cls = type(root)(
         name,
         bases,
-        {"__slots__": (), "_tags": tags, "_root": root, "__module__": root.__module__, "__qualname__": name},
+        {
+            "__slots__": (), "_tags": tags, "_root": root, "__module__": root.__module__, "__qualname__": name,
+            "__init__": _refused_init,
+        },
     )
     register(cls)
     _TYPES[(root, tags)] = cls
+    _VARIANTS.setdefault(root, []).append((tags, cls))
     return cls
+
+
+def _variant(root: type, tags: frozenset) -> Any:
+    """``tagged_type(root, tags)`` for non-empty ``tags``, found by comparing tag sets (which dynamo
+    traces) where tagged_type's cache hashes them (which it cannot)."""
+    for have, cls in _VARIANTS.get(root, ()):
+        if have == tags:
+            return cls
+    return tagged_type(root, tags)
 
 
 def retag(node: Any, tags: frozenset) -> Any:
@@ -133,12 +171,14 @@ def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
     if data is node._data and type(node)._tags == tags:
         return node
     root = type(node)._root
-    cls: Any = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
-    if cls is None:
-        cls = types[root] = tagged_type(root, tags)
     # a node's entries never change once built, so an unchanged dict is shared, as a shallow clone shares it
     keys, batch_size, device, _ = node._meta
-    return with_meta(cls, data, (keys, batch_size, device, cls._tags))
+    if not tags:
+        return with_meta(root, data, (keys, batch_size, device, NO_TAGS))
+    cls: Any = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
+    if cls is None:
+        cls = types[root] = _variant(root, tags)
+    return make_tagged(cls, data, (keys, batch_size, device, cls._tags))
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
@@ -196,65 +236,172 @@ def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
     return uniform
 
 
-def _node_inputs(args: tuple, kwargs: dict) -> Iterator[Node]:
-    for arg in (*args, *kwargs.values()):
-        if isinstance(arg, Node):
-            yield arg
-        elif type(arg) in (list, tuple):
-            for item in arg:
-                if isinstance(item, Node):
-                    yield item
+_Tensor = torch.Tensor
+
+
+def _is_key(x: Any) -> bool:
+    """A tuple starting with a str: a nested key, which holds no node."""
+    return type(x) is tuple and bool(x) and type(x[0]) is str
+
+
+def _holds_node(x: Any) -> bool:
+    return isinstance(x, (Node, Holder))
+
+
+def _nodes_in(x: Any, out: list[Node]) -> None:
+    """Append to ``out`` the nodes ``x`` holds: ``x`` itself, a tensorclass's node, or the nodes
+    anywhere in a tree of the ``"tdtree"`` namespace (dicts, lists, tuples, named tuples, ...)."""
+    if isinstance(x, Node):
+        out.append(x)
+        return
+    t = type(x)
+    if t in UNTAGGED_TYPES or _is_key(x):
+        return
+    if isinstance(x, Holder):
+        out.append(x._td)
+    elif t is list or t is tuple:
+        # the builtin containers walked here (optree would call back per item; stack takes many nodes),
+        # tensors told inline
+        for item in x:
+            if type(item) is not _Tensor:
+                _nodes_in(item, out)
+    elif t is dict:
+        for item in x.values():
+            if type(item) is not _Tensor:
+                _nodes_in(item, out)
+    elif not (callable(x) or isinstance(x, _Tensor)):
+        for leaf in optree.tree_leaves(x, is_leaf=_holds_node, namespace=NAMESPACE):  # type: ignore[arg-type]
+            if isinstance(leaf, (Node, Holder)):
+                _nodes_in(leaf, out)
+
+
+def holds_tagged(x: Any) -> bool:
+    """Whether a tagged node sits in ``x``: ``x`` itself, a tensorclass's node, or a node anywhere in
+    a tree of the ``"tdtree"`` namespace."""
+    found: list[Node] = []
+    _nodes_in(x, found)
+    for n in found:
+        if n._meta[3]:
+            return True
+    return False
 
 
 def _decide(out: Any, inputs: list[Node]) -> Any:
+    """``out`` with the rule applied to every node in it, wherever it sits."""
     common = frozenset.intersection(*(type(n)._tags for n in inputs))
-    many = type(out) in (list, tuple)
-    results = out if many else (out,)
-    decided = _ruled(results, inputs, common) if common else [retag(r, common) for r in results]
-    return type(out)(decided) if many else decided[0]
+    if isinstance(out, Node):
+        return _ruled([out], inputs, common)[0]
+    if type(out) in (list, tuple) and all(isinstance(r, Node) for r in out):
+        return type(out)(_ruled(out, inputs, common))  # unbind, split, chunk: no registry round trip
+    leaves, spec = optree.tree_flatten(out, is_leaf=_holds_node, namespace=NAMESPACE)  # type: ignore[arg-type]
+    held = [i for i, x in enumerate(leaves) if isinstance(x, (Node, Holder))]
+    if not held:
+        return out
+    nodes = [leaves[i]._td if isinstance(leaves[i], Holder) else leaves[i] for i in held]
+    for i, old, new in zip(held, nodes, _ruled(nodes, inputs, common)):
+        if new is not old:
+            x = leaves[i]
+            leaves[i] = x._wrap(new) if isinstance(x, Holder) else new
+    return optree.tree_unflatten(spec, leaves)
 
 
-def _ruled(results: Iterable[Any], inputs: list[Node], common: frozenset) -> list[Any]:
-    """``results`` with the rule applied for the non-empty ``common`` tags of ``inputs``."""
+def _ruled(results: list[Any], inputs: list[Node], common: frozenset) -> list[Any]:
+    """The nodes ``results`` with the rule applied for the ``common`` tags of ``inputs``."""
+    if not common:
+        return [retag(r, common) for r in results]
     known: list[torch.Tensor] = []
     for n in inputs:
         _scan(n, common, known)
-    nodes = [r for r in results if isinstance(r, Node)]
-    leaves: list[list[torch.Tensor]] = [[] for _ in nodes]
-    uniform = [_scan(r, common, found) for r, found in zip(nodes, leaves)]
-    decisions = iter(zip(_new_storages(leaves, known), uniform))  # the input storages gathered once
+    leaves: list[list[torch.Tensor]] = [[] for _ in results]
+    uniform = [_scan(r, common, found) for r, found in zip(results, leaves)]
     decided = []
-    for r in results:
-        if isinstance(r, Node):
-            fresh, carries_common = next(decisions)
-            if fresh:
-                r = retag(r, frozenset())
-            elif not carries_common:  # a result carrying them everywhere already is kept as it is
-                r = retag(r, common)
+    # the input storages gathered once for every result
+    for r, fresh, carries_common in zip(results, _new_storages(leaves, known), uniform):
+        if fresh:
+            r = retag(r, NO_TAGS)
+        elif not carries_common:  # a result carrying them everywhere already is kept as it is
+            r = retag(r, common)
         decided.append(r)
     return decided
 
 
-def _any_tagged(args: tuple, kwargs: dict) -> bool:
-    for arg in args:
-        if isinstance(arg, Node):
-            if arg._meta[3]:
-                return True
-        elif type(arg) is list or (type(arg) is tuple and not (arg and type(arg[0]) is str)):
-            # sequences of nodes (stack, cat); a tuple starting with a str is a nested key, not scanned
-            for item in arg:
-                if isinstance(item, Node) and item._meta[3]:
-                    return True
-    if kwargs:  # not bool(kwargs) and ...: compiled code would guard on the builtin
-        return _any_tagged(tuple(kwargs.values()), {})
-    return False
+def _untagged(x: Any) -> bool:
+    """Whether the argument ``x`` holds no tagged node (after the gate's lookup of its type failed)."""
+    t = type(x)
+    if t is tuple and x and type(x[0]) is str:  # a nested key (told inline: the common case here)
+        return True
+    return t not in TAGGED_TYPES and not holds_tagged(x)
+
+
+def _all_untagged(values: Iterable[Any]) -> bool:
+    for x in values:
+        t = type(x)
+        if t in UNTAGGED_TYPES or (t is tuple and x and type(x[0]) is str):
+            continue
+        if not _untagged(x):
+            return False
+    return True
+
+
+def _ruled_out(out: Any, values: Iterable[Any]) -> Any:
+    """``out`` decided by the rule for the inputs found in the arguments ``values``."""
+    inputs: list[Node] = []
+    for x in values:
+        _nodes_in(x, inputs)
+    return _decide(out, inputs)
+
+
+def _gate_source(fn: Callable[..., Any]) -> str:
+    """The source of a wrapper of ``fn`` with ``fn``'s own parameters (no ``*args``/``**kwargs`` to pack
+    and forward: half the wrapper's cost on a call that passes the gate). It calls ``fn``, lets the
+    result through when every argument's type is an untagged one and decides it by the rule otherwise."""
+    kind = inspect.Parameter
+    params, passed, checks, values = [], [], [], []
+    starred = False
+    for p in inspect.signature(fn).parameters.values():
+        name = p.name
+        if p.kind is kind.VAR_POSITIONAL:
+            starred = True
+            params.append(f"*{name}")
+            passed.append(f"*{name}")
+            checks.append(f"_all_untagged({name})")
+            values.append(f"*{name}")
+            continue
+        if p.kind is kind.VAR_KEYWORD:
+            params.append(f"**{name}")
+            passed.append(f"**{name}")
+            checks.append(f"_all_untagged({name}.values())")
+            values.append(f"*{name}.values()")
+            continue
+        if p.kind is kind.KEYWORD_ONLY and not starred:
+            starred = True
+            params.append("*")
+        params.append(name if p.default is kind.empty else f"{name}=_default_{name}")
+        passed.append(f"{name}={name}" if p.kind is kind.KEYWORD_ONLY else name)
+        checks.append(f"(type({name}) in _UNTAGGED or _untagged({name}))")
+        values.append(name)
+        if p.kind is kind.POSITIONAL_ONLY:
+            params.append("/")  # the marker after every positional-only one: the last one stays
+    while params.count("/") > 1:
+        params.remove("/")
+    return (
+        f"def _op({', '.join(params)}):\n"
+        f"    _out = _fn({', '.join(passed)})\n"
+        f"    if {' and '.join(checks) or 'True'}:\n"
+        "        return _out\n"
+        f"    return _ruled_out(_out, ({''.join(v + ', ' for v in values)}))\n"
+    )
 
 
 def tag_rule(fn: F) -> F:
-    """Apply the propagation rule to what ``fn`` returns (a node, or a list or tuple of nodes).
+    """Apply the propagation rule to what ``fn`` returns: every node in it, wherever it sits (a node,
+    a tensorclass, or any tree of the ``"tdtree"`` namespace holding them).
 
-    Untagged inputs return ``fn``'s result as it is: the common path pays one
-    scan of the arguments and nothing else.
+    The node inputs are the nodes in the arguments, found the same way. The gate
+    is the rule's only fast path: an argument whose type is a tensor, a number, a
+    str, a function or an untagged node type passes at one lookup, and when all
+    pass, ``fn``'s result is returned as it is (untagged inputs make untagged
+    results: the factories build no tags). Other arguments are walked for nodes.
 
     Under ``torch.compile`` the decision is made while tracing, from the fake
     tensors' storages. A leaf whose size depends on data (``td[mask]``) counts
@@ -262,12 +409,16 @@ def tag_rule(fn: F) -> F:
     index drops the tags even for an all-False mask, where eager keeps them
     (every leaf then holds zero bytes). Dropping is the safe side of the rule.
     """
-
-    @functools.wraps(fn)
-    def op(*args: Any, **kwargs: Any) -> Any:
-        out = fn(*args, **kwargs)
-        if _any_tagged(args, kwargs):
-            return _decide(out, list(_node_inputs(args, kwargs)))
-        return out
-
-    return op  # type: ignore[return-value]
+    namespace: dict[str, Any] = {
+        "_fn": fn, "_UNTAGGED": UNTAGGED_TYPES, "_untagged": _untagged, "_all_untagged": _all_untagged,
+        "_ruled_out": _ruled_out,
+    }
+    for p in inspect.signature(fn).parameters.values():
+        if p.name.startswith("_"):
+            # the wrapper's own names (_fn, _out, _default_*, ...) start with one
+            raise TypeError(f"tag_rule: {fn.__qualname__} has a parameter {p.name!r}; rename it without the leading _")
+        if p.default is not inspect.Parameter.empty:
+            namespace[f"_default_{p.name}"] = p.default
+    exec(_gate_source(fn), namespace)  # noqa: S102 - source built above from fn's own parameter names
+    op: Any = functools.wraps(fn)(namespace["_op"])
+    return op  # type: ignore[no-any-return]

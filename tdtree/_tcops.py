@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar
 import torch
 
 from . import _combine
-from ._base import Node
+from ._base import Holder, Node
 from ._tags import Locked, Memmap, Shared, Tag
 from .errors import LockedError
 
@@ -30,7 +30,7 @@ def _unwrap(x: Any) -> Any:
     return x._td if isinstance(x, RecordOps) else x
 
 
-class RecordOps:
+class RecordOps(Holder):
     """Operations of :class:`tdtree.TensorClass` (mixed in; every result is the instance's class)."""
 
     __slots__ = ()

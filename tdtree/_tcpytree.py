@@ -3,7 +3,8 @@
 
 The children are the data fields in canonical (sorted) key order, a nested tensorclass as itself;
 the metadata is ``(td_meta, static)``, with ``td_meta`` the inner node's
-``(keys, batch_size, device, tags)``, so static values are never leaves.
+``(keys, batch_size, device, tags)``, so static values are never leaves. Unflatten
+builds an untagged instance (DESIGN 3.1): structures still differ by tags.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import torch.utils._pytree as torch_pytree
 from ._base import from_meta
 from ._node import TensorDict
 from ._pytree import NAMESPACE, _check_children
-from ._tags import tagged_type
 from ._tcops import RecordOps
 
 __all__ = ["register", "registered", "rewrap", "watch"]
@@ -84,7 +84,7 @@ def _torch_flatten_with_keys(tc: Any) -> tuple[list[tuple[Any, Any]], tuple]:
 def _from_pytree(cls: Any, context: tuple, children: list[Any]) -> Any:
     meta, static = context
     entries = [c._td if isinstance(c, RecordOps) else c for c in children]
-    td = from_meta(tagged_type(TensorDict, meta[3]), meta, entries)
+    td = from_meta(TensorDict, meta, entries)  # untagged, as every unflatten builds
     obj: Any = object.__new__(cls)
     object.__setattr__(obj, "_td", td)
     object.__setattr__(obj, "_static", static)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._base import Node, fill, make
+from ._base import NO_TAGS, Node, fill, make
 from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
@@ -139,10 +139,11 @@ def entry(
     become nodes with ``batch_size``.
     """
     # every shape starts with an empty batch: no prefix to check (most nodes have no batch dims)
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, _Tensor):
         if batch_size:
             _check_prefix(path, value.shape, batch_size, "entry")
-        if device is not None and value.device != device:
+        # a CPU leaf is told by is_cpu alone, as _checked tells it
+        if device is not None and not (value.is_cpu if device is CPU else value.device == device):
             value = value.to(device)
         return value
     if isinstance(value, Node):
@@ -189,10 +190,10 @@ def construct(node: Node, source: Mapping[Any, Any] | None, batch_size: Any, dev
     size = as_batch_size(batch_size)
     # as_device only for a device given (most nodes have none), and after nest() as errors are reported
     if not source:  # nothing to check, nothing to sort
-        fill(node, {}, ((), size, device if device is None else as_device(device), node._tags))
+        fill(node, {}, ((), size, device if device is None else as_device(device), NO_TAGS))
         return
     data, dev = _checked(node._root, nest(source), size, device if device is None else as_device(device), ())
-    fill(node, data, (tuple(data), size, dev, node._tags))
+    fill(node, data, (tuple(data), size, dev, NO_TAGS))
 
 
 def build(

@@ -93,18 +93,21 @@ class KeyCollisionError(ValueError):
 
 
 class LockedError(RuntimeError):
-    """A functional editor was called on a node tagged ``Locked``."""
+    """A functional editor was called on a node tagged ``Locked`` (or whose sub-node at ``at``, on the
+    path the editor changes, is)."""
 
-    def __init__(self, op: str) -> None:
+    def __init__(self, op: str, at: object = None) -> None:
         self.op = op
+        self.at = at
+        where = "" if at is None else f" (the sub-node at {at!r} is locked)"
         self.args = (
-            f"{op}() on a locked node: a Locked node takes writes in place only. "
+            f"{op}() on a locked node{where}: a Locked node takes writes in place only. "
             "Use update_(), copy_() or at[idx].set_() to write into its storage, "
             "or unlock() for a node that the functional editors accept.",
         )
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return type(self), (self.op,)
+        return type(self), (self.op, self.at)
 
 
 class MemmapError(OSError):

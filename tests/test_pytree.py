@@ -13,16 +13,20 @@ from tdtree.testing import assert_close, assert_equal
 
 
 def test_optree_round_trip(corpus_td: tt.TensorDict) -> None:
+    """Unflatten rebuilds the values and metadata, untagged (DESIGN 3.1; tags were kept before)."""
     leaves, spec = tt.tree.flatten(corpus_td)
     back = tt.tree.unflatten(spec, leaves)
-    assert_equal(back, corpus_td)
+    assert_equal(back, corpus_td, check_tags=False)
+    assert back.tags == frozenset()
     assert all(a is b for a, b in zip(tt.tree.leaves(back), leaves))
     assert optree.tree_structure(corpus_td, namespace="tdtree") == spec
 
 
 def test_torch_pytree_round_trip(corpus_td: tt.TensorDict) -> None:
     leaves, spec = torch_pytree.tree_flatten(corpus_td)
-    assert_equal(torch_pytree.tree_unflatten(leaves, spec), corpus_td)
+    back = torch_pytree.tree_unflatten(leaves, spec)
+    assert_equal(back, corpus_td, check_tags=False)
+    assert back.tags == frozenset()
     keyed, _ = torch_pytree.tree_flatten_with_path(corpus_td)
     paths = [tuple(k.key for k in path) for path, _ in keyed]
     assert paths == [k if isinstance(k, tuple) else (k,) for k in corpus_td.keys(True, True)]
