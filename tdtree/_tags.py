@@ -40,6 +40,7 @@ __all__ = [
     "refuse_tagged",
     "retag",
     "tag_rule",
+    "decide",
     "holds_tagged",
     "storage_key",
 ]
@@ -349,6 +350,16 @@ def _ruled_out(out: Any, values: Iterable[Any]) -> Any:
     for x in values:
         _nodes_in(x, inputs)
     return _decide(out, inputs)
+
+
+def decide(out: Any, args: Iterable[Any]) -> Any:
+    """``out`` with the rule applied for the node inputs found in the arguments ``args``: what
+    :func:`tag_rule`'s wrapper does, for a function that applies it in its own body (one that
+    ``torch.compile`` may build in a traced frame, where ``tag_rule`` itself cannot run)."""
+    args = tuple(args)
+    if _all_untagged(args):
+        return out
+    return _ruled_out(out, args)
 
 
 def _gate_source(fn: Callable[..., Any]) -> str:

@@ -23,7 +23,7 @@ import torch
 from ._base import Node
 from ._maps import leaves, rebuild
 from ._pytree import NAMESPACE
-from ._tags import tag_rule
+from ._tags import decide
 from ._tcops import RecordOps
 
 __all__ = ["vmap"]
@@ -280,6 +280,8 @@ def vmap(
             if dim is None:
                 raise ValueError(f"tdtree.vmap: out_dims gives None for {_where('out_dims', path)}; out_dims are ints")
             restored.append(_inserted(path, unit, dim, size, it))
-        return optree.tree_unflatten(out_spec, restored)
+        # the rule in the body: tdtree.vmap may be called inside a compiled function, where the
+        # wrapper tag_rule writes for a function cannot be made
+        return decide(optree.tree_unflatten(out_spec, restored), (*args, *kwargs.values()))
 
-    return tag_rule(mapped)
+    return mapped
