@@ -9,6 +9,7 @@ first (cloning it), then writing.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -68,3 +69,40 @@ def test_copy_reads_every_value_before_writing(data: st.DataObject) -> None:
     expected = _expected(base, values)
     assert td.copy_(tt.TensorDict(values, batch_size=[_LEN])) is td
     assert torch.equal(base, expected)
+
+
+# -- a refused call writes nothing ---------------------------------------------------------------
+
+_DTYPES = [torch.float32, torch.float16, torch.int64, torch.uint8, torch.bool]
+_BAD = {  # per leaf dtype: values every writer must refuse
+    torch.float32: [1e300, torch.zeros(_LEN, dtype=torch.complex64), torch.zeros(5)],
+    torch.float16: [70000.0, -1e300, torch.zeros(3, 1)],
+    torch.int64: [1.5, 2**63, torch.zeros(_LEN)],
+    torch.uint8: [300, -1, 1.0, torch.zeros(_LEN, dtype=torch.int8)],
+    torch.bool: [7, 0.5, torch.zeros(_LEN, dtype=torch.uint8)],
+}
+
+
+def _good(draw: st.DrawFn, dtype: torch.dtype) -> object:
+    if draw(st.booleans()):
+        return draw(st.booleans()) if dtype is torch.bool else draw(st.integers(0, 100))
+    return torch.full((_LEN,), 1, dtype=dtype)
+
+
+@given(st.data(), st.lists(st.sampled_from(_DTYPES), min_size=1, max_size=6), st.sampled_from(["update_", "at_set_"]))
+def test_a_refused_write_writes_nothing(data: st.DataObject, dtypes: list[torch.dtype], op: str) -> None:
+    leaves = {f"k{i}": torch.arange(_LEN).to(d) for i, d in enumerate(dtypes)}
+    td = tt.TensorDict(leaves, batch_size=[_LEN])
+    before = {k: v.clone() for k, v in leaves.items()}
+    bad = data.draw(st.integers(0, len(dtypes) - 1))
+    values = {
+        k: data.draw(st.sampled_from(_BAD[d])) if i == bad else _good(data.draw, d)
+        for i, (k, d) in enumerate(zip(leaves, dtypes))
+    }
+    with pytest.raises(tt.WriteError):
+        if op == "at_set_":  # the bad value written into every leaf at index 0: its own leaf refuses it
+            td.at[0].set_(values[f"k{bad}"])
+        else:
+            td.update_(values)
+    for k, v in td.items():
+        assert torch.equal(v.view(torch.uint8), before[k].view(torch.uint8)), k
