@@ -31,8 +31,9 @@ in the node is a ``KeyNotFoundError`` / ``KeyMismatchError``.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optree
@@ -86,9 +87,10 @@ def _in_range(value: bool | int | float | complex, dtype: torch.dtype) -> bool:
         return True
     if not (dtype.is_floating_point or dtype.is_complex):
         info = torch.iinfo(dtype)
-        return info.min <= value <= info.max
+        return not isinstance(value, complex) and info.min <= value <= info.max
     top = torch.finfo(dtype).max
-    for part in (value.real, value.imag) if type(value) is complex else (value,):
+    parts: tuple[float, ...] = (value.real, value.imag) if isinstance(value, complex) else (value,)
+    for part in parts:
         if not (-top <= part <= top or (type(part) is float and not math.isfinite(part))):
             return False
     return True
@@ -159,7 +161,7 @@ def _fast_targets_writable(dst: list[torch.Tensor]) -> bool:
     return not transforms_active() or not (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)))
 
 
-_REQUIRES_GRAD = Tensor.requires_grad.__get__
+_REQUIRES_GRAD: Callable[[Tensor], bool] = operator.attrgetter("requires_grad")
 
 
 def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -> None:

@@ -22,19 +22,23 @@ and never reach the file or other processes.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import json
+import mmap
 import os
 import secrets
 import shutil
-import tempfile
+import stat
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from ._base import Node, make
+from ._inplace import mark_read_only
 from ._keys import display
 from ._pickle import root_name, root_named
 from ._tags import Locked, Memmap, retag, tag_rule
@@ -114,6 +118,63 @@ def read_header(
     return root, doc
 
 
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The values of ``tensor`` (detached, resolved, on the cpu) as a flat uint8 tensor, in C order."""
+    values = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous()
+    # as_strided, not reshape(-1): a tensor of at most one element is contiguous whatever its last
+    # stride, and reshape keeps a stride of 2 that view(uint8) refuses
+    return values.as_strided((values.numel(),), (1,)).view(torch.uint8)
+
+
+# No file tdtree reads is trusted with a size: a leaf is at most this many bytes (torch's
+# sizes are int64), and a metadata file is read up to this bound.
+_MAX_BYTES = 2**62
+META_MAX = 1 << 28
+
+
+def checked_size(shape: torch.Size | list[int], dtype: torch.dtype, corrupt: Callable[[str], Exception], key: tuple[str, ...]) -> int:
+    """The bytes of a leaf of ``shape`` and ``dtype``, computed in Python integers; ``corrupt(reason)``
+    when they overflow what torch can address."""
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    if n > _MAX_BYTES or any(d > _MAX_BYTES for d in shape):
+        raise corrupt(f"leaf {display(key)!r} has shape {list(shape)}, too large for any file or tensor")
+    return n
+
+
+@contextlib.contextmanager
+def open_regular(
+    path: str, error: type[Exception], what: str, dir_fd: int | None = None, follow: bool = True
+) -> Iterator[Any]:
+    """``path`` opened for binary reading when it is a regular file, else ``error`` naming it.
+
+    Opened without blocking (a FIFO would wait forever for a writer) and, unless
+    ``follow``, refusing a symlink (``O_NOFOLLOW``); relative to ``dir_fd`` when given.
+    FileNotFoundError propagates.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
+    shown = path
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise error(f"{what} {shown} is a symlink; tdtree never follows one out of its directory") from None
+        raise error(f"cannot open {what} {shown}: {err}") from err
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"{what} {shown} is not a regular file (a device, FIFO, socket or directory)")
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        yield f
+
+
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -144,7 +205,7 @@ def describe(node: Node, cpu: bool) -> tuple[dict[str, Any], list[tuple[tuple[st
 
 
 def _sizes(value: object) -> list[int] | None:
-    if type(value) is list and all(type(d) is int and d >= 0 for d in value):
+    if type(value) is list and all(type(d) is int and 0 <= d <= _MAX_BYTES for d in value):
         return value
     return None
 
@@ -216,6 +277,7 @@ def assemble(
         dtype = dtype_named(obj.get("dtype"))
         if dtype is None:
             raise corrupt(f"{where} has an unknown dtype {obj.get('dtype')!r}")
+        checked_size(shape, dtype, corrupt, path)
         return leaf_fn(index, dtype, torch.Size(shape), path)
 
     try:
@@ -228,23 +290,85 @@ def assemble(
 
 
 def _check_target(prefix: str, existsok: bool) -> None:
+    """Refuse ``prefix`` unless it is absent, or (with ``existsok``) an empty directory or one that
+    tdtree wrote and that holds nothing else: a meta.json of tdtree's format and exactly the leaf
+    files it names. Nothing else is ever deleted."""
     if not os.path.lexists(prefix):
         return
     if not existsok:
         raise MemmapError(f"{prefix} exists; pass existsok=True to replace it")
     if not os.path.isdir(prefix) or os.path.islink(prefix):
         raise MemmapError(f"{prefix} exists and is not a directory; memmap replaces only memmap directories")
-    if not os.path.isfile(os.path.join(prefix, META)) and os.listdir(prefix):
+    names = set(os.listdir(prefix))
+    if not names:
+        return
+    try:
+        doc = _read_meta(prefix)
+        tree = doc["tree"]
+        count = _count_leaves(tree)
+    except (MemmapError, FileNotFoundError, KeyError, TypeError, RecursionError):
+        count = -1
+    if count < 0 or names != {META, *(leaf_name(i) for i in range(count))}:
         raise MemmapError(
-            f"{prefix} is a non-empty directory without {META}: memmap replaces only directories "
-            "it wrote (or empty ones), never other files"
+            f"{prefix} is not a memmap directory that tdtree wrote (it holds other files, or its {META} is not "
+            "tdtree's): memmap replaces only its own directories (or empty ones), never other files"
         )
 
 
+def _count_leaves(tree: Any) -> int:
+    return sum(_count_leaves(child) if "entries" in child else 1 for _, child in tree["entries"])
+
+
+def _read_meta(prefix: str, dir_fd: int | None = None) -> Any:
+    """The parsed metadata file of ``prefix`` (a regular file, no symlink, read up to a bound)."""
+    meta = os.path.join(prefix, META)
+    try:
+        with open_regular(META if dir_fd is not None else meta, MemmapError, "metadata file", dir_fd, follow=False) as f:
+            raw = f.read(META_MAX + 1)
+    except FileNotFoundError:
+        raise MemmapError(f"missing metadata file {meta}: {prefix} is not a memmap directory") from None
+    except MemmapError as err:
+        raise MemmapError(str(err).replace(f" {META} ", f" {meta} ")) from None
+    except OSError as err:
+        raise MemmapError(f"cannot read metadata file {meta}: {err}") from err
+    if len(raw) > META_MAX:
+        raise MemmapError(f"corrupt metadata file {meta}: larger than {META_MAX} bytes")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
+
+
+def _stale(parent: str, name: str) -> None:
+    """Remove the temporary and old directories of ``name`` that a killed writer left in ``parent``
+    (their names carry the writer's pid; a live writer's are kept)."""
+    head = f".{name[:40]}."
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.startswith(head) or not entry.endswith((".tmp", ".old")):
+            continue
+        pid = entry[len(head) :].split(".", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def _write_leaf(path: str, tensor: torch.Tensor) -> None:
-    values = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous()
     with open(path, "xb") as f:
-        f.write(values.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
+        f.write(as_bytes(tensor).numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
@@ -260,7 +384,7 @@ def _swap_in(tmp: str, prefix: str) -> None:
         os.rename(tmp, prefix)
         return
     parent, name = os.path.split(prefix)
-    old = os.path.join(parent, f".{name[:40]}.{secrets.token_hex(6)}.old")
+    old = os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.old")
     os.rename(prefix, old)
     try:
         os.rename(tmp, prefix)
@@ -319,7 +443,10 @@ def memmap(
     where = prefix
     try:
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{name[:40]}.", suffix=".tmp", dir=parent)
+        _stale(parent, name)
+        tmp = os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        os.mkdir(tmp, 0o777)  # the umask applies, as to any directory the user makes
+        dir_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as err:
         raise MemmapError(f"cannot create {where}: {err}") from err
     try:
@@ -331,12 +458,18 @@ def memmap(
         where = prefix
         _swap_in(tmp, prefix)
     except OSError as err:
+        os.close(dir_fd)
         shutil.rmtree(tmp, ignore_errors=True)
         raise MemmapError(f"cannot write {where}: {err}") from err
     except BaseException:
+        os.close(dir_fd)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _open(prefix, doc, writable=True)
+    try:
+        # mapped through the directory written, whatever another writer renamed to prefix since
+        return _open(prefix, doc, "r+", dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -357,30 +490,49 @@ def _forget(ptr: int, origin: tuple[str, int, bool]) -> None:
         del _ORIGIN[ptr]
 
 
-def _map_file(prefix: str, index: int, nbytes: int, dtype: torch.dtype, writable: bool) -> torch.Tensor:
-    """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype``, after checking its size.
+def _map_file(
+    prefix: str, index: int, nbytes: int, dtype: torch.dtype, mode: str, dir_fd: int | None = None
+) -> torch.Tensor:
+    """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype``, after checking it.
 
-    The size is checked first because ``torch.from_file`` in shared mode
-    creates a missing file and grows a short one.
+    Opened relative to ``dir_fd`` (one directory generation) without following a
+    symlink, only a regular file of exactly ``nbytes`` bytes; mapped shared
+    (``"r+"``) or private (``"r"``, ``"c"``: copy-on-write). Never created or grown.
     """
     path = os.path.join(prefix, leaf_name(index))
+    flags = (os.O_RDWR if mode == "r+" else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        found = os.stat(path).st_size
+        fd = os.open(leaf_name(index) if dir_fd is not None else path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         raise MemmapError(f"missing leaf file {path}") from None
     except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise MemmapError(f"leaf file {path} is a symlink; tdtree never follows one out of its directory") from None
         raise MemmapError(f"cannot read leaf file {path}: {err}") from err
-    if found != nbytes:
-        raise MemmapError(f"leaf file {path} holds {found} bytes; its metadata asks for {nbytes}")
     try:
-        flat = torch.from_file(path, shared=writable, size=nbytes // dtype.itemsize, dtype=dtype)
-    except RuntimeError as err:
-        raise MemmapError(f"cannot map leaf file {path}: {err}") from err
-    _remember(flat, prefix, index, writable)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise MemmapError(f"leaf file {path} is not a regular file")
+        if info.st_size != nbytes:
+            raise MemmapError(f"leaf file {path} holds {info.st_size} bytes; its metadata asks for {nbytes}")
+        if nbytes == 0:
+            return torch.empty(0, dtype=dtype)
+        access = mmap.ACCESS_WRITE if mode == "r+" else mmap.ACCESS_COPY
+        try:
+            buffer = mmap.mmap(fd, nbytes, access=access)
+        except (OSError, ValueError) as err:
+            raise MemmapError(f"cannot map leaf file {path}: {err}") from err
+    finally:
+        os.close(fd)
+    flat = torch.frombuffer(buffer, dtype=dtype)
+    _remember(flat, prefix, index, mode == "r+")
+    if mode == "r":
+        mark_read_only(flat.untyped_storage(), f"it is mapped from {path} with mode='r'; load with mode='r+' "
+                       "to write the file, or mode='c' for private copy-on-write")
     return flat
 
 
-def _open(prefix: str, doc: object, writable: bool) -> Any:
+def _open(prefix: str, doc: object, mode: str, dir_fd: int | None) -> Any:
     meta = os.path.join(prefix, META)
 
     def corrupt(reason: str) -> MemmapError:
@@ -391,7 +543,7 @@ def _open(prefix: str, doc: object, writable: bool) -> Any:
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
         if dtype not in _MAPPABLE:
             raise MemmapError(f"leaf {display(path)!r} in {meta} has dtype {dtype}, which cannot be mapped")
-        return _map_file(prefix, index, shape.numel() * dtype.itemsize, dtype, writable).view(shape)
+        return _map_file(prefix, index, checked_size(shape, dtype, corrupt, path), dtype, mode, dir_fd).view(shape)
 
     def device(name: str | None) -> torch.device | None:
         if name not in (None, "cpu"):
@@ -405,42 +557,48 @@ def _open(prefix: str, doc: object, writable: bool) -> Any:
 def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
     """The node stored under ``prefix`` by :meth:`TensorDict.memmap`, leaves mapped from its files.
 
+    The directory is opened once and every file read through it, so a load sees
+    one complete directory even while another process replaces ``prefix``. The
+    prefix itself, ``meta.json`` and the leaf files must not be symlinks (parent
+    directories may be), and must be regular files: anything else is refused.
+
     Args:
         prefix: the memmap directory.
-        mode: ``"r+"`` maps the files shared: in-place writes go to the files
-            and are seen by every process that maps them. ``"r"`` maps them
-            privately (copy-on-write): in-place writes still succeed but stay
-            in this process's memory; the files never change.
+        mode: as numpy's memmap: ``"r+"`` maps the files shared: in-place writes go
+            to the files and are seen by every process that maps them. ``"r"``:
+            read-only, every tdtree in-place writer raises WriteError. ``"c"``:
+            copy-on-write, in-place writes stay in this process's memory.
 
     Returns:
         The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node; a tensorclass
         instance when a tensorclass was memmapped (its class must be defined in this process).
 
     Raises:
-        MemmapError: naming the file: a missing or corrupt metadata file, an
-            unknown format version, a dtype that cannot be mapped, a missing
-            leaf file or one of the wrong size.
+        MemmapError: naming the file: a missing, corrupt, oversized, non-regular or
+            symlinked metadata or leaf file, an unknown format version, a dtype that
+            cannot be mapped, a shape too large, or a leaf file of the wrong size.
     """
-    if mode not in ("r", "r+"):
-        raise ValueError(f"mode must be 'r' (private, read-only files) or 'r+' (shared), got {mode!r}")
+    if mode not in ("r", "r+", "c"):
+        raise ValueError(f"mode must be 'r' (read-only), 'r+' (shared writes) or 'c' (copy-on-write), got {mode!r}")
     prefix = os.path.abspath(os.fspath(prefix))
-    meta = os.path.join(prefix, META)
     try:
-        with open(meta, "rb") as f:
-            raw = f.read()
+        dir_fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise MemmapError(f"missing metadata file {meta}: {prefix} is not a memmap directory") from None
+        raise MemmapError(f"missing metadata file {os.path.join(prefix, META)}: {prefix} does not exist") from None
     except OSError as err:
-        raise MemmapError(f"cannot read metadata file {meta}: {err}") from err
+        # O_NOFOLLOW | O_DIRECTORY on a symlink: ELOOP or, on Linux, ENOTDIR
+        reason = "is a symlink (never followed)" if os.path.islink(prefix) else f"cannot be opened: {err}"
+        raise MemmapError(f"{prefix} {reason}; load_memmap takes a memmap directory") from None
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
-    node = _open(prefix, doc, writable=mode == "r+")
+        doc = _read_meta(prefix, dir_fd)
+        node = _open(prefix, doc, mode, dir_fd)
+    finally:
+        os.close(dir_fd)
     if doc.get("record") is None:
         return node
     from ._tcrecord import from_record
 
+    meta = os.path.join(prefix, META)
     return from_record(node, doc["record"], lambda reason: MemmapError(f"corrupt metadata file {meta}: {reason}"))
 
 
@@ -493,7 +651,7 @@ def resolve(ref: object) -> torch.Tensor:
         raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
     if not os.path.isfile(os.path.join(prefix, META)):
         raise MemmapError(f"cannot reopen a memmap leaf: {prefix} holds no {META}")
-    storage = _map_file(prefix, index, nbytes, torch.uint8, writable).untyped_storage()
+    storage = _map_file(prefix, index, nbytes, torch.uint8, "r+" if writable else "c").untyped_storage()
     try:
         return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
     except RuntimeError as err:
