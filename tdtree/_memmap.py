@@ -11,33 +11,39 @@ Files are named by the leaf's index in depth-first canonical order; keys live
 only in the JSON. No key can name a file, so no key can reach outside
 ``prefix`` whatever it spells (``/``, ``..``, a thousand characters).
 
-A directory is written under a temporary name next to ``prefix`` and renamed
-into place once complete, so an error leaves the old directory or none, never
-a half-written one. Durability against power loss (fsync) is not attempted.
+A directory is written under a temporary name next to ``prefix`` (carrying
+the writer's pid) and renamed into place once complete, so an error leaves the
+old directory or none, never a half-written one; the temporary directories of a
+writer that was killed are removed by the next write to the same prefix.
+``existsok=True`` replaces only an empty directory or one tdtree wrote that
+holds nothing but its ``meta.json`` and the leaf files it names. Durability
+against power loss (fsync) is not attempted.
 
-Read-only (``mode="r"``) maps each file privately (copy-on-write): the leaves
-can still be written in place, but those writes stay in this process's memory
-and never reach the file or other processes.
+Reading opens ``prefix`` once (not through a symlink) and every file relative
+to that descriptor (see :mod:`tdtree._files`), so a load maps one directory
+generation even while another process replaces ``prefix``, and ``memmap``
+returns the files it wrote. Modes are numpy's: ``"r+"`` shared, ``"r"``
+read-only (the storages are recorded, and every in-place writer refuses them,
+views included), ``"c"`` private copy-on-write. A leaf tensor's
+``untyped_storage().filename`` is None (the file is mapped through its
+descriptor); :func:`reference` names it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import itertools
 import json
-import mmap
 import os
 import secrets
 import shutil
-import stat
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ._base import Node, make
+from ._files import MAX_BYTES, META_MAX, as_bytes, checked_size, map_regular, open_regular, remove_stale, swap_in
 from ._inplace import mark_read_only
 from ._keys import display
 from ._pickle import root_name, root_named
@@ -118,63 +124,6 @@ def read_header(
     return root, doc
 
 
-def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The values of ``tensor`` (detached, resolved, on the cpu) as a flat uint8 tensor, in C order."""
-    values = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous()
-    # as_strided, not reshape(-1): a tensor of at most one element is contiguous whatever its last
-    # stride, and reshape keeps a stride of 2 that view(uint8) refuses
-    return values.as_strided((values.numel(),), (1,)).view(torch.uint8)
-
-
-# No file tdtree reads is trusted with a size: a leaf is at most this many bytes (torch's
-# sizes are int64), and a metadata file is read up to this bound.
-_MAX_BYTES = 2**62
-META_MAX = 1 << 28
-
-
-def checked_size(shape: torch.Size | list[int], dtype: torch.dtype, corrupt: Callable[[str], Exception], key: tuple[str, ...]) -> int:
-    """The bytes of a leaf of ``shape`` and ``dtype``, computed in Python integers; ``corrupt(reason)``
-    when they overflow what torch can address."""
-    n = dtype.itemsize
-    for d in shape:
-        n *= d
-    if n > _MAX_BYTES or any(d > _MAX_BYTES for d in shape):
-        raise corrupt(f"leaf {display(key)!r} has shape {list(shape)}, too large for any file or tensor")
-    return n
-
-
-@contextlib.contextmanager
-def open_regular(
-    path: str, error: type[Exception], what: str, dir_fd: int | None = None, follow: bool = True
-) -> Iterator[Any]:
-    """``path`` opened for binary reading when it is a regular file, else ``error`` naming it.
-
-    Opened without blocking (a FIFO would wait forever for a writer) and, unless
-    ``follow``, refusing a symlink (``O_NOFOLLOW``); relative to ``dir_fd`` when given.
-    FileNotFoundError propagates.
-    """
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else os.O_NOFOLLOW)
-    shown = path
-    try:
-        fd = os.open(path, flags, dir_fd=dir_fd)
-    except FileNotFoundError:
-        raise
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise error(f"{what} {shown} is a symlink; tdtree never follows one out of its directory") from None
-        raise error(f"cannot open {what} {shown}: {err}") from err
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise error(f"{what} {shown} is not a regular file (a device, FIFO, socket or directory)")
-        os.set_blocking(fd, True)
-        f = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-    with f:
-        yield f
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -205,7 +154,7 @@ def describe(node: Node, cpu: bool) -> tuple[dict[str, Any], list[tuple[tuple[st
 
 
 def _sizes(value: object) -> list[int] | None:
-    if type(value) is list and all(type(d) is int and 0 <= d <= _MAX_BYTES for d in value):
+    if type(value) is list and all(type(d) is int and 0 <= d <= MAX_BYTES for d in value):
         return value
     return None
 
@@ -339,33 +288,6 @@ def _read_meta(prefix: str, dir_fd: int | None = None) -> Any:
         raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
 
 
-def _stale(parent: str, name: str) -> None:
-    """Remove the temporary and old directories of ``name`` that a killed writer left in ``parent``
-    (their names carry the writer's pid; a live writer's are kept)."""
-    head = f".{name[:40]}."
-    try:
-        entries = os.listdir(parent)
-    except OSError:
-        return
-    for entry in entries:
-        if not entry.startswith(head) or not entry.endswith((".tmp", ".old")):
-            continue
-        pid = entry[len(head) :].split(".", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _write_leaf(path: str, tensor: torch.Tensor) -> None:
     with open(path, "xb") as f:
         f.write(as_bytes(tensor).numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
@@ -376,22 +298,6 @@ def _write_json(path: str, doc: dict[str, Any]) -> None:
     text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
     with open(path, "x", encoding="ascii") as f:
         f.write(text)
-
-
-def _swap_in(tmp: str, prefix: str) -> None:
-    """Rename ``tmp`` to ``prefix``; an existing ``prefix`` is moved away first and deleted after."""
-    if not os.path.lexists(prefix):
-        os.rename(tmp, prefix)
-        return
-    parent, name = os.path.split(prefix)
-    old = os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.old")
-    os.rename(prefix, old)
-    try:
-        os.rename(tmp, prefix)
-    except BaseException:
-        os.rename(old, prefix)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def memmap(
@@ -443,7 +349,7 @@ def memmap(
     where = prefix
     try:
         os.makedirs(parent, exist_ok=True)
-        _stale(parent, name)
+        remove_stale(parent, name)
         tmp = os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
         os.mkdir(tmp, 0o777)  # the umask applies, as to any directory the user makes
         dir_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
@@ -456,7 +362,7 @@ def memmap(
         where = os.path.join(prefix, META)
         _write_json(os.path.join(tmp, META), doc)
         where = prefix
-        _swap_in(tmp, prefix)
+        swap_in(tmp, prefix)
     except OSError as err:
         os.close(dir_fd)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -493,42 +399,17 @@ def _forget(ptr: int, origin: tuple[str, int, bool]) -> None:
 def _map_file(
     prefix: str, index: int, nbytes: int, dtype: torch.dtype, mode: str, dir_fd: int | None = None
 ) -> torch.Tensor:
-    """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype``, after checking it.
-
-    Opened relative to ``dir_fd`` (one directory generation) without following a
-    symlink, only a regular file of exactly ``nbytes`` bytes; mapped shared
-    (``"r+"``) or private (``"r"``, ``"c"``: copy-on-write). Never created or grown.
-    """
+    """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype`` (see :func:`map_regular`),
+    remembered for pickling by reference and, under ``mode="r"``, marked read-only."""
     path = os.path.join(prefix, leaf_name(index))
-    flags = (os.O_RDWR if mode == "r+" else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(leaf_name(index) if dir_fd is not None else path, flags, dir_fd=dir_fd)
-    except FileNotFoundError:
-        raise MemmapError(f"missing leaf file {path}") from None
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise MemmapError(f"leaf file {path} is a symlink; tdtree never follows one out of its directory") from None
-        raise MemmapError(f"cannot read leaf file {path}: {err}") from err
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise MemmapError(f"leaf file {path} is not a regular file")
-        if info.st_size != nbytes:
-            raise MemmapError(f"leaf file {path} holds {info.st_size} bytes; its metadata asks for {nbytes}")
-        if nbytes == 0:
-            return torch.empty(0, dtype=dtype)
-        access = mmap.ACCESS_WRITE if mode == "r+" else mmap.ACCESS_COPY
-        try:
-            buffer = mmap.mmap(fd, nbytes, access=access)
-        except (OSError, ValueError) as err:
-            raise MemmapError(f"cannot map leaf file {path}: {err}") from err
-    finally:
-        os.close(fd)
-    flat = torch.frombuffer(buffer, dtype=dtype)
+    flat = map_regular(path, leaf_name(index) if dir_fd is not None else path, dir_fd, nbytes, dtype, mode)
     _remember(flat, prefix, index, mode == "r+")
     if mode == "r":
-        mark_read_only(flat.untyped_storage(), f"it is mapped from {path} with mode='r'; load with mode='r+' "
-                       "to write the file, or mode='c' for private copy-on-write")
+        mark_read_only(
+            flat.untyped_storage(),
+            f"it is mapped from {path} with mode='r'; load with mode='r+' to write the file, "
+            "or mode='c' for private copy-on-write",
+        )
     return flat
 
 
