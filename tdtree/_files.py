@@ -152,17 +152,30 @@ def alive(pid: int) -> bool:
     return True
 
 
-def swap_in(tmp: str, prefix: str) -> None:
-    """Rename ``tmp`` to ``prefix``; an existing ``prefix`` is moved away first and deleted after."""
-    if not os.path.lexists(prefix):
-        os.rename(tmp, prefix)
-        return
+def swap_in(tmp: str, prefix: str, attempts: int = 50) -> None:
+    """Rename ``tmp`` to ``prefix``; an existing ``prefix`` is moved away first and deleted after.
+
+    Another process replacing ``prefix`` at the same time can put its directory in
+    between the two renames: then this one moves that one away too and tries again
+    (the last writer wins, and every directory it replaced is deleted).
+    """
     parent, name = os.path.split(prefix)
-    old = os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.old")
-    os.rename(prefix, old)
+    moved: list[str] = []
     try:
-        os.rename(tmp, prefix)
-    except BaseException:
-        os.rename(old, prefix)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        for _ in range(attempts):
+            old = os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.old")
+            try:
+                os.rename(prefix, old)
+                moved.append(old)
+            except FileNotFoundError:
+                pass
+            try:
+                os.rename(tmp, prefix)
+                return
+            except OSError as err:
+                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+        raise OSError(errno.EBUSY, f"{prefix} kept being replaced by another writer")
+    finally:
+        for old in moved:
+            shutil.rmtree(old, ignore_errors=True)

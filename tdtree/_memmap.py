@@ -36,6 +36,7 @@ import json
 import os
 import secrets
 import shutil
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -248,7 +249,10 @@ def _check_target(prefix: str, existsok: bool) -> None:
         raise MemmapError(f"{prefix} exists; pass existsok=True to replace it")
     if not os.path.isdir(prefix) or os.path.islink(prefix):
         raise MemmapError(f"{prefix} exists and is not a directory; memmap replaces only memmap directories")
-    names = set(os.listdir(prefix))
+    try:
+        names = set(os.listdir(prefix))
+    except FileNotFoundError:  # another writer is swapping its directory in
+        return
     if not names:
         return
     try:
@@ -257,6 +261,8 @@ def _check_target(prefix: str, existsok: bool) -> None:
         count = _count_leaves(tree)
     except (MemmapError, FileNotFoundError, KeyError, TypeError, RecursionError):
         count = -1
+    if count < 0 and not os.path.lexists(prefix):
+        return
     if count < 0 or names != {META, *(leaf_name(i) for i in range(count))}:
         raise MemmapError(
             f"{prefix} is not a memmap directory that tdtree wrote (it holds other files, or its {META} is not "
@@ -361,21 +367,20 @@ def memmap(
             _write_leaf(os.path.join(tmp, leaf_name(index)), leaf)
         where = os.path.join(prefix, META)
         _write_json(os.path.join(tmp, META), doc)
+        # mapped before the rename, through the directory written: another writer may replace
+        # prefix (and delete these files) at once, and the node is still the one written
+        node = _open(prefix, doc, "r+", dir_fd)
         where = prefix
         swap_in(tmp, prefix)
-    except OSError as err:
-        os.close(dir_fd)
+    except OSError as err:  # MemmapError included
         shutil.rmtree(tmp, ignore_errors=True)
-        raise MemmapError(f"cannot write {where}: {err}") from err
+        raise err if isinstance(err, MemmapError) else MemmapError(f"cannot write {where}: {err}") from err
     except BaseException:
-        os.close(dir_fd)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    try:
-        # mapped through the directory written, whatever another writer renamed to prefix since
-        return _open(prefix, doc, "r+", dir_fd)
     finally:
         os.close(dir_fd)
+    return node
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -434,6 +439,44 @@ def _open(prefix: str, doc: object, mode: str, dir_fd: int | None) -> Any:
     return retag(assemble(doc.get("tree"), root, leaf, corrupt, device), _TAGS)
 
 
+_LOAD_ATTEMPTS = 20
+
+
+def _open_dir(prefix: str, last: bool) -> int:
+    """A descriptor of the directory ``prefix``; -1 when it is missing while a writer is swapping
+    a new one in (its temporary or old directory is there), so the caller tries again."""
+    try:
+        return os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        parent, name = os.path.split(prefix)
+        head = f".{name[:40]}."
+        if not last and any(e.startswith(head) for e in _listdir(parent)):
+            time.sleep(0.001)
+            return -1
+        raise MemmapError(f"missing metadata file {os.path.join(prefix, META)}: {prefix} does not exist") from None
+    except OSError as err:
+        # O_NOFOLLOW | O_DIRECTORY on a symlink: ELOOP or, on Linux, ENOTDIR
+        reason = "is a symlink (never followed)" if os.path.islink(prefix) else f"cannot be opened: {err}"
+        raise MemmapError(f"{prefix} {reason}; load_memmap takes a memmap directory") from None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _replaced(prefix: str, dir_fd: int) -> bool:
+    """Whether ``prefix`` names another directory than ``dir_fd`` now."""
+    try:
+        now = os.stat(prefix, follow_symlinks=False)
+    except OSError:
+        return True
+    opened = os.fstat(dir_fd)
+    return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
+
+
 @tag_rule
 def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
     """The node stored under ``prefix`` by :meth:`TensorDict.memmap`, leaves mapped from its files.
@@ -462,19 +505,23 @@ def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
     if mode not in ("r", "r+", "c"):
         raise ValueError(f"mode must be 'r' (read-only), 'r+' (shared writes) or 'c' (copy-on-write), got {mode!r}")
     prefix = os.path.abspath(os.fspath(prefix))
-    try:
-        dir_fd = os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise MemmapError(f"missing metadata file {os.path.join(prefix, META)}: {prefix} does not exist") from None
-    except OSError as err:
-        # O_NOFOLLOW | O_DIRECTORY on a symlink: ELOOP or, on Linux, ENOTDIR
-        reason = "is a symlink (never followed)" if os.path.islink(prefix) else f"cannot be opened: {err}"
-        raise MemmapError(f"{prefix} {reason}; load_memmap takes a memmap directory") from None
-    try:
-        doc = _read_meta(prefix, dir_fd)
-        node = _open(prefix, doc, mode, dir_fd)
-    finally:
-        os.close(dir_fd)
+    for attempt in range(_LOAD_ATTEMPTS):
+        dir_fd = _open_dir(prefix, last=attempt + 1 == _LOAD_ATTEMPTS)
+        if dir_fd < 0:
+            continue
+        try:
+            doc = _read_meta(prefix, dir_fd)
+            node = _open(prefix, doc, mode, dir_fd)
+            break
+        except MemmapError:
+            # a writer replaced prefix while it was read (and deleted the files not yet opened):
+            # read the new directory; a directory that stayed in place is broken, say so
+            if attempt + 1 == _LOAD_ATTEMPTS or not _replaced(prefix, dir_fd):
+                raise
+        finally:
+            os.close(dir_fd)
+    else:  # every attempt found prefix missing while a writer was swapping (the last one raised)
+        raise AssertionError("unreachable")
     if doc.get("record") is None:
         return node
     from ._tcrecord import from_record
