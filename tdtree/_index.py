@@ -19,12 +19,12 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT, from_meta
-from ._inplace import _broadcasts, _same_device, checked, read_first
+from ._inplace import _broadcasts, _same_device, check_number, checked, each_writable, read_first, targets_writable
 from ._keyops import check_unlocked, walk
 from ._keys import as_path
 from ._maps import flat, rebuild, unflat
 from ._tags import tag_rule
-from .errors import BatchDimError, KeyMismatchError, WriteIndexError, WriteShapeError, WriteTypeError
+from .errors import BatchDimError, KeyMismatchError, WriteError, WriteIndexError, WriteShapeError, WriteTypeError
 
 __all__ = ["normalize", "getitem", "scatter", "scatter_", "At", "AtIndex"]
 
@@ -292,20 +292,64 @@ def _pairs(
                 f"{op}: a tensor value of shape {tuple(value.shape)} is aligned with the batch dims and does not "
                 f"broadcast to td[idx].batch_size {tuple(new)}"
             )
+        if inplace:  # one value for every leaf: read it first once (not once per leaf in scatter_)
+            value = read_first([value], leaves)[0]
         values = [value[(..., *(None,) * (leaf.dim() - n))] for leaf in leaves]
     elif isinstance(value, (bool, int, float, complex)):
-        if not inplace:  # the functional set writes a number into a copy as torch's x[idx] = number does
-            return leaves, spec, leaf_index, [value] * len(leaves)
         values = [value] * len(leaves)
+        if inplace:  # the functional set writes a number into a copy as torch's x[idx] = number does
+            _check_number_writes(op, node, leaves, value)
+            _check_bounds(op, node._meta[1], leaf_index)
+        return leaves, spec, leaf_index, values
     else:
         raise WriteTypeError(f"{op}: the value must be a node, a tensor or a number, got {type(value).__name__}")
-    paths = [p for p, _ in walk(node, True, True)]
+    # a node's device, when set, is every leaf's: equal devices spare the per-leaf test
+    device = node._meta[2]
+    same_device = device is not None and (
+        value._meta[2] == device if isinstance(value, Node) else isinstance(value, torch.Tensor) and value.device == device
+    )
+    fast = []  # leaves whose value passed the inline test (update_'s): their writability is scanned at once
     for i, (leaf, v) in enumerate(zip(leaves, values)):
+        if (
+            isinstance(v, torch.Tensor)
+            and v.dtype == leaf.dtype
+            and (same_device or v.device == leaf.device)
+            and leaf.is_contiguous()
+            and _broadcasts(v.shape, torch.Size((*new, *leaf.shape[n:])))
+        ):
+            fast.append(leaf)
+            continue
         target = torch.Size((*new, *leaf.shape[n:]))
-        checked(op, as_path(paths[i]), leaf, v, shape=target, leaf_checks=inplace)
+        try:
+            checked(op, (), leaf, v, shape=target, leaf_checks=inplace)
+        except WriteError:
+            # the key, for the message, only when there is one to give (walking costs more than checking)
+            checked(op, as_path(walk(node, True, True)[i][0]), leaf, v, shape=target, leaf_checks=inplace)
+            raise
     if inplace:
+        if fast and not targets_writable(fast, foreach=False):
+            each_writable(op, node, fast)
         _check_bounds(op, node._meta[1], leaf_index)
     return leaves, spec, leaf_index, values
+
+
+def _check_number_writes(op: str, node: Node, leaves: list[torch.Tensor], value: Any) -> None:
+    """:func:`tdtree._inplace.checked` of the number ``value`` for every leaf: the number once per
+    dtype, the leaves' writability in one scan (leaf by leaf only for a non-contiguous leaf or a refusal)."""
+    dtypes = {leaf.dtype for leaf in leaves}
+    for i, leaf in enumerate(leaves):
+        if leaf.dtype in dtypes:
+            dtypes.discard(leaf.dtype)
+            try:
+                check_number(op, (), leaf.dtype, value)
+            except WriteError:
+                check_number(op, as_path(walk(node, True, True)[i][0]), leaf.dtype, value)
+                raise
+    if not (all(map(_IS_CONTIGUOUS, leaves)) and targets_writable(leaves, foreach=False)):
+        each_writable(op, node, leaves)
+
+
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
 
 
 def _check_bounds(op: str, batch: torch.Size, leaf_index: tuple[Any, ...]) -> None:
@@ -320,7 +364,8 @@ def _check_bounds(op: str, batch: torch.Size, leaf_index: tuple[Any, ...]) -> No
             continue
         if isinstance(item, torch.Tensor) and item.numel():
             size = batch[dim]
-            low, high = int(item.min()), int(item.max())
+            # a short index is cheaper to read than to reduce (aminmax and two item() calls)
+            low, high = (min(v := item.reshape(-1).tolist()), max(v)) if item.numel() <= 64 else map(int, torch.aminmax(item))
             if low < -size or high >= size:
                 bad = high if high >= size else low
                 raise WriteIndexError(
@@ -418,11 +463,8 @@ def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
         KeyMismatchError: a node value with other keys.
     """
     leaves, _, leaf_index, values = _pairs(node, index, value, "at[...].set_", inplace=True)
-    tensors = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
-    if tensors:
-        read = read_first([values[i] for i in tensors], leaves)
-        for i, v in zip(tensors, read):
-            values[i] = v
+    if isinstance(value, Node):  # (a tensor or number value was read in _pairs)
+        values = read_first(values, leaves)
     for leaf, v in zip(leaves, values):
         _write(leaf, leaf_index, v)
     return node

@@ -49,7 +49,10 @@ from ._torch_private import storage_id, storage_ids, transforms_active
 from ._validate import nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError, WriteShapeError, WriteTypeError
 
-__all__ = ["update_", "copy_", "zero_", "fill_", "checked", "writable", "read_first", "mark_read_only"]
+__all__ = [
+    "update_", "copy_", "zero_", "fill_", "checked", "check_number", "writable", "targets_writable", "each_writable", "read_first",
+    "mark_read_only",
+]
 
 _SCALAR_KIND = {bool: 0, int: 1, float: 2, complex: 3}
 
@@ -86,15 +89,28 @@ def _in_range(value: bool | int | float | complex, dtype: torch.dtype) -> bool:
     """
     if type(value) is bool or dtype is torch.bool:
         return True
-    if not (dtype.is_floating_point or dtype.is_complex):
-        info = torch.iinfo(dtype)
-        return not isinstance(value, complex) and info.min <= value <= info.max
-    top = torch.finfo(dtype).max
+    limits = _LIMITS.get(dtype)
+    if limits is None:
+        limits = _LIMITS[dtype] = _limits(dtype)
+    low, high, integral = limits
+    if integral:
+        return not isinstance(value, complex) and low <= value <= high
     parts: tuple[float, ...] = (value.real, value.imag) if isinstance(value, complex) else (value,)
     for part in parts:
-        if not (-top <= part <= top or (type(part) is float and not math.isfinite(part))):
+        if not (low <= part <= high or (type(part) is float and not math.isfinite(part))):
             return False
     return True
+
+
+def _limits(dtype: torch.dtype) -> tuple[int | float, int | float, bool]:
+    if dtype.is_floating_point or dtype.is_complex:
+        top = torch.finfo(dtype).max
+        return -top, top, False
+    info = torch.iinfo(dtype)
+    return info.min, info.max, True
+
+
+_LIMITS: dict[torch.dtype, tuple[int | float, int | float, bool]] = {}
 
 
 # Storages mapped read-only (load_memmap(mode="r")), by storage identity: what the in-place
@@ -131,12 +147,15 @@ def writable(op: str, path: tuple[str, ...], leaf: torch.Tensor, fill: bool = Fa
         # a compiled graph applies its writes to its inputs after it ran, all of them or none:
         # torch's own refusals come while tracing, before anything is written
         return
-    if leaf.is_inference() and not torch.is_inference_mode_enabled():
-        raise WriteError(
-            f"{_where(op, path)} is an inference tensor, which torch writes only inside torch.inference_mode(); "
-            "write it there, or clone() the leaf outside it"
-        )
-    if _grad_leaf(leaf):
+    try:
+        leaf._version  # noqa: B018 - an inference tensor has no version counter: the cheapest test for one
+    except RuntimeError:
+        if not torch.is_inference_mode_enabled():
+            raise WriteError(
+                f"{_where(op, path)} is an inference tensor, which torch writes only inside torch.inference_mode(); "
+                "write it there, or clone() the leaf outside it"
+            ) from None
+    if leaf.requires_grad and _grad_leaf(leaf):
         raise WriteError(
             f"{_where(op, path)} is a leaf that requires grad (or a view of one, e.g. an nn.Parameter): torch "
             "refuses to write it in place while grad mode is on; write it under torch.no_grad()"
@@ -147,14 +166,18 @@ def writable(op: str, path: tuple[str, ...], leaf: torch.Tensor, fill: bool = Fa
             raise WriteError(f"{_where(op, path)} is read-only: {what}")
 
 
-def _fast_targets_writable(dst: list[torch.Tensor]) -> bool:
+def targets_writable(dst: list[torch.Tensor], foreach: bool = True) -> bool:
     """Whether every one of ``dst`` (contiguous leaves, so none expanded) is surely writable, in a
-    C-speed scan; False sends the caller to :func:`writable` leaf by leaf.
+    C-speed scan; False sends the caller to :func:`each_writable`. True under torch.compile (see
+    :func:`writable`).
 
-    A leaf requiring grad is not scanned for: ``torch._foreach_*`` checks that for every
-    tensor before it writes any (:func:`_refused` turns its refusal into WriteError), except
-    inside a transform, where the map layer writes leaf by leaf.
+    With ``foreach`` (the leaves are written by one ``torch._foreach_*`` call) a leaf
+    requiring grad is not scanned for: that kernel checks it for every tensor before it
+    writes any (:func:`_refused` turns its refusal into WriteError), except inside a
+    transform, where the map layer writes leaf by leaf.
     """
+    if _is_compiling():
+        return True
     if not torch.is_inference_mode_enabled():
         try:
             # an inference tensor has no version counter: reading every leaf's is the cheapest
@@ -164,7 +187,9 @@ def _fast_targets_writable(dst: list[torch.Tensor]) -> bool:
             return False
     if _READ_ONLY and not _READ_ONLY.keys().isdisjoint(storage_ids(dst)):
         return False
-    return not transforms_active() or not (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)))
+    if foreach and not transforms_active():
+        return True
+    return not (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)))
 
 
 _REQUIRES_GRAD: Callable[[Tensor], bool] = operator.attrgetter("requires_grad")
@@ -176,7 +201,7 @@ def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -
     """After a ``torch._foreach_*`` kernel over ``dst`` raised: WriteError naming the key when it
     refused a leaf requiring grad (a test it makes for every tensor before it writes any)."""
     if not _is_compiling() and torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)):
-        _each_writable(op, node, dst, fill)
+        each_writable(op, node, dst, fill)
 
 
 # The in-place writers test each value against its leaf fast, inline (a call per leaf
@@ -234,19 +259,24 @@ def checked(
                     "use set() on an unlocked node for a new shape"
                 )
         return value
+    return check_number(op, path, leaf.dtype, value)
+
+
+def check_number(op: str, path: tuple[str, ...], dtype: torch.dtype, value: Any) -> Any:
+    """``value`` when it is a Python number of a kind ``dtype`` takes, in its range; else WriteError."""
     kind = _SCALAR_KIND.get(type(value))
     if kind is None:
         raise WriteTypeError(
             f"{_where(op, path)}: a value is a tensor or a Python number, got {type(value).__name__}"
         )
-    if kind > _dtype_kind(leaf.dtype):
+    if kind > _dtype_kind(dtype):
         raise WriteTypeError(
-            f"{_where(op, path)} holds {leaf.dtype} and the value {value!r} is a {type(value).__name__}; "
+            f"{_where(op, path)} holds {dtype} and the value {value!r} is a {type(value).__name__}; "
             "in-place writes never change a dtype and do not truncate: give a value of the leaf's kind"
         )
-    if not _in_range(value, leaf.dtype):
+    if not _in_range(value, dtype):
         raise WriteError(
-            f"{_where(op, path)} holds {leaf.dtype} and the value {value!r} is out of its range; in-place "
+            f"{_where(op, path)} holds {dtype} and the value {value!r} is out of its range; in-place "
             "writes do not wrap or overflow: give a value the dtype holds"
         )
     return value
@@ -284,8 +314,8 @@ class _Writes:
         """Write everything, reading all values before the first write."""
         src = self.src
         if src:
-            if not _is_compiling() and not _fast_targets_writable(self.dst):
-                _each_writable(self.op, self.node, self.dst)
+            if not targets_writable(self.dst):
+                each_writable(self.op, self.node, self.dst)
             src = read_first(src, self.dst)
             torch._foreach_copy_(self.dst, src)
         # numbers are read already; tensor values were read by the copy above
@@ -293,7 +323,7 @@ class _Writes:
             leaf.fill_(value)
 
 
-def _each_writable(op: str, node: Node, leaves: list[torch.Tensor], fill: bool = False) -> None:
+def each_writable(op: str, node: Node, leaves: list[torch.Tensor], fill: bool = False) -> None:
     """:func:`writable` for each of ``leaves`` (leaves of ``node``), naming the key of a refused one."""
     paths = {id(t): p for p, t in walk(node, True, True)}
     for leaf in leaves:
@@ -456,8 +486,8 @@ def zero_(node: NodeT) -> NodeT:
     # which mypy reads as a class that no actual tree (tuple, node) is an instance of
     leaves: list[torch.Tensor] = optree.tree_leaves(node, namespace=NAMESPACE)  # type: ignore[arg-type]
     if leaves:
-        if not _is_compiling() and not _fast_targets_writable(leaves):
-            _each_writable("zero_", node, leaves, fill=True)
+        if not targets_writable(leaves):
+            each_writable("zero_", node, leaves, fill=True)
         try:
             torch._foreach_zero_(leaves)
         except RuntimeError:
