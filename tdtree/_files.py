@@ -114,13 +114,25 @@ def map_regular(
             raise MemmapError(f"leaf file {path} holds {info.st_size} bytes; its metadata asks for {nbytes}")
         if nbytes == 0:
             return torch.empty(0, dtype=dtype)
-        access = mmap.ACCESS_WRITE if mode == "r+" else mmap.ACCESS_COPY
-        try:
-            buffer = mmap.mmap(fd, nbytes, access=access)
-        except (OSError, ValueError) as err:
-            raise MemmapError(f"cannot map leaf file {path}: {err}") from err
+        return _map_fd(fd, path, nbytes, dtype, mode)
     finally:
         os.close(fd)
+
+
+_PROC_FD = "/proc/self/fd"
+
+
+def _map_fd(fd: int, path: str, nbytes: int, dtype: torch.dtype, mode: str) -> torch.Tensor:
+    """The open regular file ``fd`` of ``nbytes`` bytes mapped as a 1-d tensor of ``dtype``."""
+    try:
+        if os.path.isdir(_PROC_FD):
+            # torch maps a path: /proc/self/fd/N reopens this very file (not whatever the path names
+            # now), and torch keeps no descriptor once mapped
+            return torch.from_file(f"{_PROC_FD}/{fd}", shared=mode == "r+", size=nbytes // dtype.itemsize, dtype=dtype)
+        # elsewhere mmap maps the descriptor itself (and keeps a copy of it while mapped)
+        buffer = mmap.mmap(fd, nbytes, access=mmap.ACCESS_WRITE if mode == "r+" else mmap.ACCESS_COPY)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise MemmapError(f"cannot map leaf file {path}: {err}") from err
     # the tensor keeps the mapping alive; it is unmapped when the last view of it dies
     return torch.frombuffer(buffer, dtype=dtype)
 

@@ -201,10 +201,15 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
         are claims about storage that a loaded file does not make: call
         ``share_memory()`` or ``memmap()`` on the result for them.
 
+    ``path`` may be a symlink (it is the user's own path), but what it names must
+    be a regular file: a FIFO or a device is refused without reading it.
+
     Raises:
-        SerializationError: naming the file, when it holds anything but
-            tensors and plain data (nothing in it is run or rebuilt), is not a
-            tdtree save file, or its description does not match its tensors.
+        SerializationError: naming the file, when it is not a regular file, holds
+            anything but tensors and plain data (nothing in it is run or rebuilt),
+            holds a compressed record or one larger than the file, is not a tdtree
+            save file, its description does not match its tensors (shapes too large
+            included), or a leaf is not what save writes (see :func:`_refused_leaf`).
         FileNotFoundError: ``path`` does not exist.
     """
     path = os.fspath(path)

@@ -613,3 +613,12 @@ def test_stale_temporary_directory_removed_by_next_write(tmp_path):
     stale.mkdir()
     TensorDict({"x": torch.zeros(2)}, [2]).memmap(tmp_path / "mm")
     assert not stale.exists()
+
+
+def test_mapped_leaves_hold_no_file_descriptors(tmp_path):
+    written = TensorDict({f"k{i}": torch.full((3,), float(i)) for i in range(50)}, [3]).memmap(tmp_path / "mm")
+    fds = open_fds()
+    shared, private = tt.load_memmap(tmp_path / "mm"), tt.load_memmap(tmp_path / "mm", mode="c")
+    assert open_fds() == fds  # a descriptor per leaf would run out on large nodes
+    assert_equal(shared, written)
+    assert_equal(private, written)

@@ -325,3 +325,17 @@ def test_weights_only_reconstruction_validates(tmp_path, args):
     torch.save(_Crafted(args), tmp_path / "crafted.pt")
     with pytest.raises(SerializationError, match="cannot unpickle"):
         torch.load(tmp_path / "crafted.pt", weights_only=True)
+
+
+def test_leaf_aliasing_the_packed_buffer_refused(tmp_path):
+    tt.save(TensorDict({"a": torch.zeros(4), "b": torch.ones(4, dtype=torch.uint8)}, [4]), tmp_path / "td.pt")
+    payload = torch.load(tmp_path / "td.pt", weights_only=True)
+    doc = json.loads(payload["tdtree"])
+    doc["packed"] = [0]  # "b" moves out of the buffer, as a view of it
+    payload["tdtree"] = json.dumps(doc)
+    buffer = payload["packed"]
+    payload["tensors"] = [torch.empty(0, dtype=torch.uint8).set_(buffer.untyped_storage(), 16, (4,), (1,))]
+    payload["packed"] = buffer[:16]
+    torch.save(payload, tmp_path / "alias.pt")
+    with pytest.raises(SerializationError, match=r"alias.pt: leaf 'b' .*(shares its storage|not a compact)"):
+        tt.load(tmp_path / "alias.pt")
