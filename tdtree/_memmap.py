@@ -24,9 +24,9 @@ to that descriptor (see :mod:`tdtree._files`), so a load maps one directory
 generation even while another process replaces ``prefix``, and ``memmap``
 returns the files it wrote. Modes are numpy's: ``"r+"`` shared, ``"r"``
 read-only (the storages are recorded, and every in-place writer refuses them,
-views included), ``"c"`` private copy-on-write. A leaf tensor's
-``untyped_storage().filename`` is None (the file is mapped through its
-descriptor); :func:`reference` names it.
+views included), ``"c"`` private copy-on-write. A leaf's storage is mapped
+through the descriptor opened under the directory, so its ``filename`` is
+``/proc/self/fd/N`` (shared) or None (private); :func:`reference` names the file.
 """
 
 from __future__ import annotations
