@@ -89,23 +89,51 @@ def _good(draw: st.DrawFn, dtype: torch.dtype) -> object:
     return torch.full((_LEN,), 1, dtype=dtype)
 
 
-@given(st.data(), st.lists(st.sampled_from(_DTYPES), min_size=1, max_size=6), st.sampled_from(["update_", "at_set_"]))
-def test_a_refused_write_writes_nothing(data: st.DataObject, dtypes: list[torch.dtype], op: str) -> None:
-    leaves = {f"k{i}": torch.arange(_LEN).to(d) for i, d in enumerate(dtypes)}
-    td = tt.TensorDict(leaves, batch_size=[_LEN])
-    before = {k: v.clone() for k, v in leaves.items()}
+def _unwritable(kind: str, dtype: torch.dtype) -> torch.Tensor:
+    """A leaf of ``dtype`` holding arange(_LEN) that torch refuses to write (as the writer must, first)."""
+    values = torch.arange(_LEN).to(dtype)
+    if kind == "expanded":
+        return values[:1].expand(_LEN)
+    if kind == "inference":
+        with torch.inference_mode():
+            return values.clone()
+    return torch.nn.Parameter(values.float())  # "grad": a leaf requiring grad, grad mode on
+
+
+@given(
+    st.data(),
+    st.lists(st.sampled_from(_DTYPES), min_size=1, max_size=6),
+    st.sampled_from(["update_", "at_set_", "copy_"]),
+    st.sampled_from(["value", "expanded", "inference", "grad"]),
+)
+def test_a_refused_write_writes_nothing(data: st.DataObject, dtypes: list[torch.dtype], op: str, bad_kind: str) -> None:
+    """One bad value or one unwritable leaf anywhere in a write: the writer refuses it with WriteError
+    and every leaf keeps its bits."""
     bad = data.draw(st.integers(0, len(dtypes) - 1))
-    values = {
-        k: data.draw(st.sampled_from(_BAD[d])) if i == bad else _good(data.draw, d)
-        for i, (k, d) in enumerate(zip(leaves, dtypes))
-    }
+    if bad_kind == "grad":
+        dtypes[bad] = torch.float32
+    leaves = {f"k{i}": torch.arange(_LEN).to(d) for i, d in enumerate(dtypes)}
+    if bad_kind != "value":
+        leaves[f"k{bad}"] = _unwritable(bad_kind, dtypes[bad])
+    td = tt.TensorDict(leaves, batch_size=[_LEN])
+    before = {k: v.detach().clone() for k, v in leaves.items()}
+
+    def value(i: int, d: torch.dtype) -> object:
+        if i != bad or bad_kind != "value":
+            return torch.full((_LEN,), 1, dtype=d) if op == "copy_" else _good(data.draw, d)
+        choices = [v for v in _BAD[d] if isinstance(v, torch.Tensor)] if op == "copy_" else _BAD[d]
+        return data.draw(st.sampled_from(choices))
+
+    values = {k: value(i, d) for i, (k, d) in enumerate(zip(leaves, dtypes))}
     with pytest.raises(tt.WriteError):
-        if op == "at_set_":  # the bad value written into every leaf at index 0: its own leaf refuses it
-            td.at[0].set_(values[f"k{bad}"])
+        if op == "at_set_":  # one value for every leaf at index 0: the bad value (its leaf refuses it), or True
+            td.at[0].set_(values[f"k{bad}"] if bad_kind == "value" else True)
+        elif op == "copy_":  # (batch_size []: a value of a wrong shape must reach copy_'s own check)
+            td.copy_(tt.TensorDict(values, batch_size=[]))
         else:
             td.update_(values)
     for k, v in td.items():
-        assert torch.equal(v.view(torch.uint8), before[k].view(torch.uint8)), k
+        assert torch.equal(v.detach().contiguous().view(torch.uint8), before[k].view(torch.uint8)), k
 
 
 _NUMBER_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int64, torch.float16, torch.bfloat16,
