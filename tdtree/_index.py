@@ -19,11 +19,12 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT, from_meta
-from ._inplace import _broadcasts, _same_device
+from ._inplace import _broadcasts, _same_device, check_number, checked, each_writable, read_first, targets_writable
 from ._keyops import check_unlocked_tree, walk
+from ._keys import as_path
 from ._maps import flat, rebuild, unflat
 from ._tags import tag_rule
-from .errors import BatchDimError, BatchSizeError, KeyMismatchError
+from .errors import BatchDimError, KeyMismatchError, WriteError, WriteIndexError, WriteShapeError, WriteTypeError
 
 __all__ = ["normalize", "getitem", "scatter", "scatter_", "At", "AtIndex"]
 
@@ -252,18 +253,29 @@ def _same_keys(a: Node, b: Node) -> bool:
     return True
 
 
-def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tensor], Any, tuple[Any, ...], list[Any]]:
+def _pairs(
+    node: Node, index: Any, value: Any, op: str, inplace: bool
+) -> tuple[list[torch.Tensor], Any, tuple[Any, ...], list[Any]]:
     """Every check of a scatter, before anything is written: (leaves, treespec, leaf index, values).
 
-    ``values`` holds one value per leaf, in leaf order, ready for ``leaf[idx] = v``.
+    ``values`` holds one value per leaf, in leaf order, ready for ``leaf[idx] = v``:
+    each tensor passed :func:`tdtree._inplace.checked` (the casting rule of
+    ``update_``); with ``inplace`` numbers did too (kind and range), each leaf is
+    writable and every index in range.
     """
-    leaf_index, new = normalize(node._meta[1], index)
+    try:
+        leaf_index, new = normalize(node._meta[1], index)
+    except BatchDimError as err:
+        raise WriteIndexError(f"{op}: {err}") from None
+    except TypeError as err:
+        raise WriteTypeError(f"{op}: {err}") from None
+    except ValueError as err:
+        raise WriteIndexError(f"{op}: {err}") from None
     leaves, spec = flat(node)
     n = len(node._meta[1])
-    device = node._meta[2]
     if isinstance(value, Node):
         if value._meta[1] != new:
-            raise BatchSizeError(
+            raise WriteShapeError(
                 f"{op}: the value's batch_size {tuple(value._meta[1])} is not td[idx].batch_size {tuple(new)}"
             )
         if _same_keys(node, value):
@@ -274,44 +286,115 @@ def _pairs(node: Node, index: Any, value: Any, op: str) -> tuple[list[torch.Tens
             if list(given) != paths:
                 raise KeyMismatchError(op, paths, given)
             values = [given[p] for p in paths]
-        # a node's device, when set, is every leaf's: equal devices spare the per-leaf check
-        same_device = device is not None and value._meta[2] == device
     elif isinstance(value, torch.Tensor):
         if not _broadcasts(value.shape, new):
-            raise BatchSizeError(
+            raise WriteShapeError(
                 f"{op}: a tensor value of shape {tuple(value.shape)} is aligned with the batch dims and does not "
                 f"broadcast to td[idx].batch_size {tuple(new)}"
             )
+        if inplace:  # one value for every leaf: read it first once (not once per leaf in scatter_)
+            value = read_first([value], leaves)[0]
         values = [value[(..., *(None,) * (leaf.dim() - n))] for leaf in leaves]
-        same_device = device is not None and value.device == device
     elif isinstance(value, (bool, int, float, complex)):
-        return leaves, spec, leaf_index, [value] * len(leaves)
+        values = [value] * len(leaves)
+        if inplace:  # the functional set writes a number into a copy as torch's x[idx] = number does
+            _check_number_writes(op, node, leaves, value)
+            _check_bounds(op, node._meta[1], leaf_index)
+        return leaves, spec, leaf_index, values
     else:
-        raise TypeError(f"{op}: the value must be a node, a tensor or a number, got {type(value).__name__}")
+        raise WriteTypeError(f"{op}: the value must be a node, a tensor or a number, got {type(value).__name__}")
+    # a node's device, when set, is every leaf's: equal devices spare the per-leaf test
+    device = node._meta[2]
+    same_device = device is not None and (
+        value._meta[2] == device if isinstance(value, Node) else isinstance(value, torch.Tensor) and value.device == device
+    )
+    fast = []  # leaves whose value passed the inline test (update_'s): their writability is scanned at once
     for i, (leaf, v) in enumerate(zip(leaves, values)):
+        if (
+            isinstance(v, torch.Tensor)
+            and v.dtype == leaf.dtype
+            and (same_device or v.device == leaf.device)
+            and leaf.is_contiguous()
+            and _broadcasts(v.shape, torch.Size((*new, *leaf.shape[n:])))
+        ):
+            fast.append(leaf)
+            continue
         target = torch.Size((*new, *leaf.shape[n:]))
-        if v.shape != target and not _broadcasts(v.shape, target):
-            raise BatchSizeError(
-                f"{op}: the value at {_leaf_path(node, i)!r} has shape {tuple(v.shape)}, which does not broadcast "
-                f"to the indexed entry's shape {tuple(target)}"
-            )
-        if v.dtype != leaf.dtype and not torch.can_cast(v.dtype, leaf.dtype):
-            raise TypeError(
-                f"{op}: the value at {_leaf_path(node, i)!r} is {v.dtype}, which cannot be cast safely to {leaf.dtype}"
-            )
-        if not same_device and v.device != leaf.device:
-            raise ValueError(f"{op}: the value at {_leaf_path(node, i)!r} is on {v.device}, the entry on {leaf.device}")
+        try:
+            checked(op, (), leaf, v, shape=target, leaf_checks=inplace)
+        except WriteError:
+            # the key, for the message, only when there is one to give (walking costs more than checking)
+            checked(op, as_path(walk(node, True, True)[i][0]), leaf, v, shape=target, leaf_checks=inplace)
+            raise
+    if inplace:
+        if fast and not targets_writable(fast, foreach=False):
+            each_writable(op, node, fast)
+        _check_bounds(op, node._meta[1], leaf_index)
     return leaves, spec, leaf_index, values
 
 
-def _leaf_path(node: Node, i: int) -> Any:
-    """The key of ``node``'s ``i``-th leaf, for error messages."""
-    return walk(node, True, True)[i][0]
+def _check_number_writes(op: str, node: Node, leaves: list[torch.Tensor], value: Any) -> None:
+    """:func:`tdtree._inplace.checked` of the number ``value`` for every leaf: the number once per
+    dtype, the leaves' writability in one scan (leaf by leaf only for a non-contiguous leaf or a refusal)."""
+    dtypes = {leaf.dtype for leaf in leaves}
+    for i, leaf in enumerate(leaves):
+        if leaf.dtype in dtypes:
+            dtypes.discard(leaf.dtype)
+            try:
+                check_number(op, (), leaf.dtype, value)
+            except WriteError:
+                check_number(op, as_path(walk(node, True, True)[i][0]), leaf.dtype, value)
+                raise
+    if not (all(map(_IS_CONTIGUOUS, leaves)) and targets_writable(leaves, foreach=False)):
+        each_writable(op, node, leaves)
+
+
+_IS_CONTIGUOUS = torch.Tensor.is_contiguous
+
+
+def _check_bounds(op: str, batch: torch.Size, leaf_index: tuple[Any, ...]) -> None:
+    """Raise WriteIndexError when an index tensor of ``leaf_index`` is out of range for its batch dim
+    (torch finds it only while writing, after the leaves before it were written)."""
+    dim = 0
+    for item in leaf_index:
+        if item is None:
+            continue
+        if item is Ellipsis:
+            dim += len(batch) - sum(1 for i in leaf_index if i is not None and i is not Ellipsis)
+            continue
+        if isinstance(item, torch.Tensor) and item.numel():
+            size = batch[dim]
+            # a short index is cheaper to read than to reduce (aminmax and two item() calls)
+            low, high = (min(v := item.reshape(-1).tolist()), max(v)) if item.numel() <= 64 else map(int, torch.aminmax(item))
+            if low < -size or high >= size:
+                bad = high if high >= size else low
+                raise WriteIndexError(
+                    f"{op}: index {bad} is out of range for batch dim {dim} of size {size} (batch_size {tuple(batch)})"
+                )
+        dim += 1
+
+
+# Dtypes torch has no index_put kernel for: written through a view as the signed (or byte) dtype
+# of the same size, which moves the same bits.
+_INDEX_PUT_AS = {
+    getattr(torch, name): getattr(torch, bits)
+    for name, bits in (("uint16", "int16"), ("uint32", "int32"), ("uint64", "int64"), ("float8_e8m0fnu", "uint8"))
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+
+
+def _write(leaf: torch.Tensor, index: tuple[Any, ...], value: Any) -> None:
+    """``leaf[index] = value``, also for the dtypes torch cannot index_put."""
+    bits = _INDEX_PUT_AS.get(leaf.dtype)
+    if bits is not None and any(isinstance(i, torch.Tensor) for i in index):
+        value = torch.as_tensor(value, dtype=leaf.dtype, device=leaf.device).view(bits)
+        leaf = leaf.view(bits)
+    leaf[index] = value
 
 
 def _put(leaf: torch.Tensor, index: tuple[Any, ...], value: Any) -> torch.Tensor:
     out = leaf.clone()
-    out[index] = value
+    _write(out, index, value)
     return out
 
 
@@ -333,7 +416,7 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
                 # it writes what the one pass does not take (values to broadcast or cast, other keys), and it
                 # checks every value before torch writes, so each error is the one it always was
                 pass
-    leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set")
+    leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set", inplace=False)
     return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
 
 
@@ -368,12 +451,22 @@ def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
     """Write ``value`` into ``node``'s leaves at ``index`` in place and return ``node`` itself (tags kept).
 
     Not under :func:`tag_rule`: the result is the input object, not a new node
-    (the rule would intersect with an untagged value's tags). Allowed on Locked nodes. A key, shape, dtype or device mismatch raises
-    before anything is written.
+    (the rule would intersect with an untagged value's tags). Allowed on Locked nodes.
+    The checks and the casting rule are ``update_``'s: every value, leaf and index
+    is checked and every value read before the first write, so a refused call
+    writes nothing and ``td.at[0].set_(swapped)`` swaps.
+
+    Raises:
+        WriteError: a value does not fit its entry (shape: ``WriteShapeError``, dtype or type:
+            ``WriteTypeError``), a leaf cannot be written, or the index does not fit the batch
+            dims (``WriteIndexError``); nothing was written.
+        KeyMismatchError: a node value with other keys.
     """
-    leaves, _, leaf_index, values = _pairs(node, index, value, "at[...].set_")
+    leaves, _, leaf_index, values = _pairs(node, index, value, "at[...].set_", inplace=True)
+    if isinstance(value, Node):  # (a tensor or number value was read in _pairs)
+        values = read_first(values, leaves)
     for leaf, v in zip(leaves, values):
-        leaf[leaf_index] = v
+        _write(leaf, leaf_index, v)
     return node
 
 

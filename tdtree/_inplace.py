@@ -1,25 +1,40 @@
-"""The in-place writers: ``update_``, ``copy_``, ``zero_``, ``fill_``.
+"""The in-place writers: ``update_``, ``copy_``, ``zero_``, ``fill_`` (and the checks of ``at[idx].set_``).
 
 They are the only functions that change a node's storage contents, and they
 never change anything else: keys, shapes, dtypes and devices stay as they are.
-Each one checks every value first and writes only when all of them fit, so a
-refused call leaves the node untouched. They work on ``Locked`` nodes (that is
-what ``Locked`` asks for) and return the node they were called on, so they are
-not subject to the tag rule.
+Each one checks every value and every leaf first and writes only when all of
+them fit, so a refused call leaves the node untouched, bit for bit. They work on
+``Locked`` nodes (that is what ``Locked`` asks for) and return the node they
+were called on, so they are not subject to the tag rule.
 
 Values: a tensor must be on the leaf's device, have a shape that broadcasts
-to the leaf's shape, and a dtype that ``torch.can_cast`` to the leaf's (the
-same rule as ``at[idx].set_``: float64 into float32 is written, float into an
-integer leaf is refused rather than truncated); a Python number must fit the
-leaf's dtype kind the same way (bool into any dtype, int into integer, float
-and complex leaves, float into float and complex leaves). No transfers between
-devices: move the value with ``.to(...)`` first. All values are read before any leaf is written, so
-``td.update_({"a": td["b"], "b": td["a"]})`` swaps.
+to the leaf's shape, and a dtype that ``torch.can_cast`` to the leaf's (float64
+into float32 is written, float into an integer leaf is refused rather than
+truncated); a Python number must fit the leaf's dtype kind the same way (bool
+into any dtype, int into integer, float and complex leaves, float into float
+and complex leaves) and its range (300 into uint8, -1 into uint8, 1e300 into
+float32 are refused; inf and nan into float leaves are written). No transfers
+between devices: move the value with ``.to(...)`` first.
+
+Leaves: an expanded leaf (several elements share one memory cell), an
+inference tensor outside ``torch.inference_mode``, a leaf requiring grad (or a
+view of one) while grad mode is on, and a leaf of a node loaded with
+``load_memmap(prefix, mode="r")`` are refused, as torch would refuse them midway.
+
+All values are read before any leaf is written, so
+``td.update_({"a": td["b"], "b": td["a"]})`` swaps. Every refusal is a
+:class:`WriteError` naming the key (its subclasses are also the TypeError /
+BatchSizeError / BatchDimError that ``at[idx].set_`` raised before); a key not
+in the node is a ``KeyNotFoundError`` / ``KeyMismatchError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import collections
+import math
+import operator
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optree
@@ -31,11 +46,14 @@ from ._foreach import foreach
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
-from ._torch_private import storage_ids
+from ._torch_private import storage_id, storage_ids, transforms_active
 from ._validate import nest
-from .errors import KeyMismatchError, KeyNotFoundError, WriteError
+from .errors import KeyMismatchError, KeyNotFoundError, WriteError, WriteShapeError, WriteTypeError
 
-__all__ = ["update_", "copy_", "zero_", "fill_"]
+__all__ = [
+    "update_", "copy_", "zero_", "fill_", "checked", "check_number", "writable", "targets_writable", "each_writable", "read_first",
+    "mark_read_only",
+]
 
 _SCALAR_KIND = {bool: 0, int: 1, float: 2, complex: 3}
 
@@ -62,10 +80,136 @@ def _broadcasts(source: torch.Size, target: torch.Size) -> bool:
     return all(s == t or s == 1 for s, t in zip(reversed(source), reversed(target)))
 
 
+def _in_range(value: bool | int | float | complex, dtype: torch.dtype) -> bool:
+    """Whether the Python number ``value`` (of a kind the dtype takes) is in ``dtype``'s range.
+
+    Integers: within ``torch.iinfo`` (no wrapping: -1 into uint8 is refused, as
+    300 is). Floats and complex parts: finite values up to ``torch.finfo(dtype).max``
+    in magnitude (torch's own overflow test refuses the rest, after rounding
+    would have made some of them fit); inf and nan are values of every float dtype.
+    """
+    if type(value) is bool or dtype is torch.bool:
+        return True
+    limits = _LIMITS.get(dtype)
+    if limits is None:
+        limits = _LIMITS[dtype] = _limits(dtype)
+    low, high, integral = limits
+    if integral:
+        return not isinstance(value, complex) and low <= value <= high
+    parts: tuple[float, ...] = (value.real, value.imag) if isinstance(value, complex) else (value,)
+    for part in parts:
+        if not (low <= part <= high or (type(part) is float and not math.isfinite(part))):
+            return False
+    return True
+
+
+def _limits(dtype: torch.dtype) -> tuple[int | float, int | float, bool]:
+    if dtype.is_floating_point or dtype.is_complex:
+        top = torch.finfo(dtype).max
+        return -top, top, False
+    info = torch.iinfo(dtype)
+    return info.min, info.max, True
+
+
+_LIMITS: dict[torch.dtype, tuple[int | float, int | float, bool]] = {}
+
+
+# Storages mapped read-only (load_memmap(mode="r")), by storage identity: what the in-place
+# writers refuse. Empty in most processes, which then skip the test.
+_READ_ONLY: dict[int, str] = {}
+
+
+def mark_read_only(storage: torch.UntypedStorage, what: str) -> None:
+    """Make the in-place writers refuse every tensor viewing ``storage`` (``what`` names it in the error)."""
+    key = storage_id(storage)
+    _READ_ONLY[key] = what
+    weakref.finalize(storage, _READ_ONLY.pop, key, None)
+
+
+def _grad_leaf(leaf: torch.Tensor) -> bool:
+    # torch's own test (check_inplace): a leaf requiring grad, or a view of one, while grad mode is on
+    if not (leaf.requires_grad and torch.is_grad_enabled()):
+        return False
+    base = leaf._base
+    return leaf.is_leaf or (base is not None and base.is_leaf)
+
+
+def writable(op: str, path: tuple[str, ...], leaf: torch.Tensor, fill: bool = False) -> None:
+    """Raise WriteError when torch (or a read-only memmap) would refuse to write into ``leaf``.
+
+    ``fill``: the write sets every element to one value, which an expanded leaf takes.
+    """
+    if not fill and 0 in leaf.stride() and _overlapping(leaf):
+        raise WriteError(
+            f"{_where(op, path)} is an expanded tensor (stride 0 in shape {tuple(leaf.shape)}): several of "
+            "its elements share one memory cell, so it cannot be written element by element; clone() it first"
+        )
+    if _is_compiling():
+        # a compiled graph applies its writes to its inputs after it ran, all of them or none:
+        # torch's own refusals come while tracing, before anything is written
+        return
+    try:
+        leaf._version  # noqa: B018 - an inference tensor has no version counter: the cheapest test for one
+    except RuntimeError:
+        if not torch.is_inference_mode_enabled():
+            raise WriteError(
+                f"{_where(op, path)} is an inference tensor, which torch writes only inside torch.inference_mode(); "
+                "write it there, or clone() the leaf outside it"
+            ) from None
+    if leaf.requires_grad and _grad_leaf(leaf):
+        raise WriteError(
+            f"{_where(op, path)} is a leaf that requires grad (or a view of one, e.g. an nn.Parameter): torch "
+            "refuses to write it in place while grad mode is on; write it under torch.no_grad()"
+        )
+    if _READ_ONLY:
+        what = _READ_ONLY.get(next(storage_ids([leaf])))
+        if what is not None:
+            raise WriteError(f"{_where(op, path)} is read-only: {what}")
+
+
+def targets_writable(dst: list[torch.Tensor], foreach: bool = True) -> bool:
+    """Whether every one of ``dst`` (contiguous leaves, so none expanded) is surely writable, in a
+    C-speed scan; False sends the caller to :func:`each_writable`. True under torch.compile (see
+    :func:`writable`).
+
+    With ``foreach`` (the leaves are written by one ``torch._foreach_*`` call) a leaf
+    requiring grad is not scanned for: that kernel checks it for every tensor before it
+    writes any (:func:`_refused` turns its refusal into WriteError), except inside a
+    transform, where the map layer writes leaf by leaf.
+    """
+    if _is_compiling():
+        return True
+    if not torch.is_inference_mode_enabled():
+        try:
+            # an inference tensor has no version counter: reading every leaf's is the cheapest
+            # scan for one (half the cost of calling is_inference on each)
+            _deque(map(_VERSION, dst), 0)
+        except RuntimeError:
+            return False
+    if _READ_ONLY and not _READ_ONLY.keys().isdisjoint(storage_ids(dst)):
+        return False
+    if foreach and not transforms_active():
+        return True
+    return not (torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)))
+
+
+_REQUIRES_GRAD: Callable[[Tensor], bool] = operator.attrgetter("requires_grad")
+_VERSION: Callable[[Tensor], int] = operator.attrgetter("_version")
+_deque = collections.deque
+
+
+def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -> None:
+    """After a ``torch._foreach_*`` kernel over ``dst`` raised: WriteError naming the key when it
+    refused a leaf requiring grad (a test it makes for every tensor before it writes any)."""
+    if not _is_compiling() and torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)):
+        each_writable(op, node, dst, fill)
+
+
 # The in-place writers test each value against its leaf fast, inline (a call per leaf
 # costs more than the test): a tensor of the leaf's dtype and shape, on its device
 # (not tested when _same_device says both nodes hold every leaf there), and a
-# contiguous leaf (so no stride 0). Every other value goes through _checked.
+# contiguous leaf (so no stride 0); the leaves' other writability is tested in one
+# scan over them. Every other value goes through checked.
 
 
 def _same_device(node: Node, other: Any) -> bool:
@@ -74,13 +218,26 @@ def _same_device(node: Node, other: Any) -> bool:
     return isinstance(other, Node) and node._meta[2] is not None and node._meta[2] == other._meta[2]
 
 
-def _checked(
-    op: str, path: tuple[str, ...], leaf: torch.Tensor, value: Any, exact_shape: bool = False, fill: bool = False
+def checked(
+    op: str,
+    path: tuple[str, ...],
+    leaf: torch.Tensor,
+    value: Any,
+    exact_shape: bool = False,
+    fill: bool = False,
+    shape: torch.Size | None = None,
+    leaf_checks: bool = True,
 ) -> Any:
-    """``value`` when it can be written into ``leaf`` without changing it, else WriteError / TypeError."""
+    """``value`` when it can be written into ``leaf`` (at an entry of ``shape``, the leaf's shape by
+    default) without changing the leaf's dtype, shape or device and ``leaf`` is writable; else a
+    WriteError naming ``path``. The one check of every in-place writer (and of the functional
+    ``at[idx].set``, which writes into a copy: ``leaf_checks=False`` skips the writability test)."""
+    if leaf_checks:
+        writable(op, path, leaf, fill)
+    target = leaf.shape if shape is None else shape
     if isinstance(value, torch.Tensor):
-        if not torch.can_cast(value.dtype, leaf.dtype):
-            raise WriteError(
+        if value.dtype != leaf.dtype and not torch.can_cast(value.dtype, leaf.dtype):
+            raise WriteTypeError(
                 f"{_where(op, path)} holds {leaf.dtype} and the value is {value.dtype}, which does not cast to "
                 f"it without truncation; in-place writes never change a dtype: convert the value with "
                 f".to({leaf.dtype}) first"
@@ -90,31 +247,38 @@ def _checked(
                 f"{_where(op, path)} is on {leaf.device} and the value is on {value.device}; in-place writes "
                 f"never change a device: move the value with .to({str(leaf.device)!r}) first"
             )
-        if value.shape != leaf.shape:
+        if value.shape != target:
             if exact_shape:
-                raise WriteError(
-                    f"{_where(op, path)} has shape {tuple(leaf.shape)} and the value has shape "
+                raise WriteShapeError(
+                    f"{_where(op, path)} has shape {tuple(target)} and the value has shape "
                     f"{tuple(value.shape)}; copy_ needs equal shapes (update_ broadcasts)"
                 )
-            if not _broadcasts(value.shape, leaf.shape):
-                raise WriteError(
-                    f"{_where(op, path)} has shape {tuple(leaf.shape)} and the value's shape "
+            if not _broadcasts(value.shape, target):
+                raise WriteShapeError(
+                    f"{_where(op, path)} has shape {tuple(target)} and the value's shape "
                     f"{tuple(value.shape)} does not broadcast to it; in-place writes never change a shape: "
                     "use set() on an unlocked node for a new shape"
                 )
-        if not fill and 0 in leaf.stride() and _overlapping(leaf):
-            raise WriteError(
-                f"{_where(op, path)} is an expanded tensor (stride 0 in shape {tuple(leaf.shape)}): several of "
-                "its elements share one memory cell, so it cannot be written element by element; clone() it first"
-            )
         return value
+    return check_number(op, path, leaf.dtype, value)
+
+
+def check_number(op: str, path: tuple[str, ...], dtype: torch.dtype, value: Any) -> Any:
+    """``value`` when it is a Python number of a kind ``dtype`` takes, in its range; else WriteError."""
     kind = _SCALAR_KIND.get(type(value))
     if kind is None:
-        raise TypeError(f"{_where(op, path)}: a value is a tensor or a Python number, got {type(value).__name__}")
-    if kind > _dtype_kind(leaf.dtype):
-        raise WriteError(
-            f"{_where(op, path)} holds {leaf.dtype} and the value {value!r} is a {type(value).__name__}; "
+        raise WriteTypeError(
+            f"{_where(op, path)}: a value is a tensor or a Python number, got {type(value).__name__}"
+        )
+    if kind > _dtype_kind(dtype):
+        raise WriteTypeError(
+            f"{_where(op, path)} holds {dtype} and the value {value!r} is a {type(value).__name__}; "
             "in-place writes never change a dtype and do not truncate: give a value of the leaf's kind"
+        )
+    if not _in_range(value, dtype):
+        raise WriteError(
+            f"{_where(op, path)} holds {dtype} and the value {value!r} is out of its range; in-place "
+            "writes do not wrap or overflow: give a value the dtype holds"
         )
     return value
 
@@ -124,11 +288,18 @@ def _where(op: str, path: tuple[str, ...]) -> str:
 
 
 class _Writes:
-    """The writes one call makes, gathered while checking: tensor values, then Python numbers."""
+    """The writes one call makes, gathered while checking: tensor values, then Python numbers.
 
-    __slots__ = ("dst", "src", "fills")
+    Leaves paired with a value by the inline fast test (see above) are checked for
+    writability in :meth:`run`, before anything is written; the others were checked
+    already by :func:`checked`.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("op", "node", "dst", "src", "fills")
+
+    def __init__(self, op: str, node: Node) -> None:
+        self.op = op
+        self.node = node
         self.dst: list[torch.Tensor] = []
         self.src: list[torch.Tensor] = []
         self.fills: list[tuple[torch.Tensor, Any]] = []
@@ -144,20 +315,34 @@ class _Writes:
         """Write everything, reading all values before the first write."""
         src = self.src
         if src:
-            if _is_compiling():
-                # Compiled code copies every value first: inductor's code for clone-then-write is the
-                # code for the write alone, and no trace-time _aliased means no guards on torch's
-                # pytree registry, which cost ~1 us on every call of a compiled update_ of 20 leaves.
-                src = [v.clone() for v in src]
-            else:
-                flags = _aliased(src, self.dst)
-                if flags:
-                    # a value whose storage is also written is copied first
-                    src = [v.clone() if aliased else v for v, aliased in zip(src, flags)]
+            if not targets_writable(self.dst):
+                each_writable(self.op, self.node, self.dst)
+            src = read_first(src, self.dst)
             foreach(torch._foreach_copy_)(self.dst, src)
         # numbers are read already; tensor values were read by the copy above
         for leaf, value in self.fills:
             leaf.fill_(value)
+
+
+def each_writable(op: str, node: Node, leaves: list[torch.Tensor], fill: bool = False) -> None:
+    """:func:`writable` for each of ``leaves`` (leaves of ``node``), naming the key of a refused one."""
+    paths = {id(t): p for p, t in walk(node, True, True)}
+    for leaf in leaves:
+        writable(op, as_path(paths.get(id(leaf), ("?",))), leaf, fill)
+
+
+def read_first(values: list[torch.Tensor], targets: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``values``, each one that uses a storage one of ``targets`` uses copied, so that writing the
+    targets in any order writes what every value held before the first write."""
+    if _is_compiling():
+        # Compiled code copies every value first: inductor's code for clone-then-write is the
+        # code for the write alone, and no trace-time _aliased means no guards on torch's
+        # pytree registry, which cost ~1 us on every call of a compiled update_ of 20 leaves.
+        return [v.clone() for v in values]
+    flags = _aliased(values, targets)
+    if not flags:
+        return values
+    return [v.clone() if aliased else v for v, aliased in zip(values, flags)]
 
 
 _is_compiling = torch.compiler.is_compiling
@@ -209,7 +394,7 @@ def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]
                 "writes never change the structure: use update() on an unlocked node"
             )
         else:
-            out.add(current, _checked("update_", path, current, v))
+            out.add(current, checked("update_", path, current, v))
 
 
 def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
@@ -229,9 +414,13 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
         6.0
     """
     source = other._data if isinstance(other, Node) else nest(other)
-    writes = _Writes()
+    writes = _Writes("update_", node)
     _update_pairs(node, source, (), _same_device(node, other), writes)
-    writes.run()
+    try:
+        writes.run()
+    except RuntimeError:
+        _refused("update_", node, writes.dst)
+        raise
     return node
 
 
@@ -263,7 +452,7 @@ def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], same: bool, ou
             kinds = ("a node", "a tensor") if isinstance(leaf, Node) else ("a tensor", "a node")
             raise WriteError(f"copy_: {display(path)!r} is {kinds[0]} here and {kinds[1]} in the source")
         else:
-            out.add(leaf, _checked("copy_", path, leaf, value, exact_shape=True))
+            out.add(leaf, checked("copy_", path, leaf, value, exact_shape=True))
 
 
 def copy_(node: NodeT, other: Node) -> NodeT:
@@ -278,19 +467,33 @@ def copy_(node: NodeT, other: Node) -> NodeT:
     """
     if not isinstance(other, Node):
         raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
-    writes = _Writes()
+    writes = _Writes("copy_", node)
     _copy_pairs(node, other, (), _same_device(node, other), writes)
-    writes.run()
+    try:
+        writes.run()
+    except RuntimeError:
+        _refused("copy_", node, writes.dst)
+        raise
     return node
 
 
 def zero_(node: NodeT) -> NodeT:
-    """Set every leaf to zero in place; returns ``node`` itself. Works on Locked nodes."""
+    """Set every leaf to zero in place; returns ``node`` itself. Works on Locked nodes.
+
+    Raises:
+        WriteError: a leaf cannot be written (see the module docstring); nothing was written.
+    """
     # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
     # which mypy reads as a class that no actual tree (tuple, node) is an instance of
     leaves: list[torch.Tensor] = optree.tree_leaves(node, namespace=NAMESPACE)  # type: ignore[arg-type]
     if leaves:
-        foreach(torch._foreach_zero_)(leaves)
+        if not targets_writable(leaves):
+            each_writable("zero_", node, leaves, fill=True)
+        try:
+            foreach(torch._foreach_zero_)(leaves)
+        except RuntimeError:
+            _refused("zero_", node, leaves, fill=True)
+            raise
     return node
 
 
@@ -312,10 +515,10 @@ def fill_(node: NodeT, key: NestedKey, value: Any) -> NodeT:
             "0-dim tensor (use update_ to write a tensor)"
         )
     if not isinstance(target, Node):
-        target.fill_(_checked("fill_", path, target, value, fill=True))
+        target.fill_(checked("fill_", path, target, value, fill=True))
         return node
     named = [((*path, *as_path(k)), t) for k, t in walk(target, True, True)]
-    checked = [(leaf, _checked("fill_", p, leaf, value, fill=True)) for p, leaf in named]
-    for leaf, v in checked:
+    values = [(leaf, checked("fill_", p, leaf, value, fill=True)) for p, leaf in named]
+    for leaf, v in values:
         leaf.fill_(v)
     return node

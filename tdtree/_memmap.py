@@ -11,13 +11,22 @@ Files are named by the leaf's index in depth-first canonical order; keys live
 only in the JSON. No key can name a file, so no key can reach outside
 ``prefix`` whatever it spells (``/``, ``..``, a thousand characters).
 
-A directory is written under a temporary name next to ``prefix`` and renamed
-into place once complete, so an error leaves the old directory or none, never
-a half-written one. Durability against power loss (fsync) is not attempted.
+A directory is written under a temporary name next to ``prefix`` (carrying
+the writer's pid) and renamed into place once complete, so an error leaves the
+old directory or none, never a half-written one; the temporary directories of a
+writer that was killed are removed by the next write to the same prefix.
+``existsok=True`` replaces only an empty directory or one tdtree wrote that
+holds nothing but its ``meta.json`` and the leaf files it names. Durability
+against power loss (fsync) is not attempted.
 
-Read-only (``mode="r"``) maps each file privately (copy-on-write): the leaves
-can still be written in place, but those writes stay in this process's memory
-and never reach the file or other processes.
+Reading opens ``prefix`` once (not through a symlink) and every file relative
+to that descriptor (see :mod:`tdtree._files`), so a load maps one directory
+generation even while another process replaces ``prefix``, and ``memmap``
+returns the files it wrote. Modes are numpy's: ``"r+"`` shared, ``"r"``
+read-only (the storages are recorded, and every in-place writer refuses them,
+views included), ``"c"`` private copy-on-write. A leaf's storage is mapped
+through the descriptor opened under the directory, so its ``filename`` is
+``/proc/self/fd/N`` (shared) or None (private); :func:`reference` names the file.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +44,8 @@ from typing import Any
 import torch
 
 from ._base import Node, make
+from ._files import MAX_BYTES, META_MAX, as_bytes, checked_size, map_regular, open_regular, remove_stale, swap_in
+from ._inplace import mark_read_only
 from ._keys import display
 from ._pickle import root_name, root_named
 from ._tags import Locked, Memmap, retag, tag_rule
@@ -144,7 +155,7 @@ def describe(node: Node, cpu: bool) -> tuple[dict[str, Any], list[tuple[tuple[st
 
 
 def _sizes(value: object) -> list[int] | None:
-    if type(value) is list and all(type(d) is int and d >= 0 for d in value):
+    if type(value) is list and all(type(d) is int and 0 <= d <= MAX_BYTES for d in value):
         return value
     return None
 
@@ -216,6 +227,7 @@ def assemble(
         dtype = dtype_named(obj.get("dtype"))
         if dtype is None:
             raise corrupt(f"{where} has an unknown dtype {obj.get('dtype')!r}")
+        checked_size(shape, dtype, corrupt, path)
         return leaf_fn(index, dtype, torch.Size(shape), path)
 
     try:
@@ -228,23 +240,63 @@ def assemble(
 
 
 def _check_target(prefix: str, existsok: bool) -> None:
+    """Refuse ``prefix`` unless it is absent, or (with ``existsok``) an empty directory or one that
+    tdtree wrote and that holds nothing else: a meta.json of tdtree's format and exactly the leaf
+    files it names. Nothing else is ever deleted."""
     if not os.path.lexists(prefix):
         return
     if not existsok:
         raise MemmapError(f"{prefix} exists; pass existsok=True to replace it")
     if not os.path.isdir(prefix) or os.path.islink(prefix):
         raise MemmapError(f"{prefix} exists and is not a directory; memmap replaces only memmap directories")
-    if not os.path.isfile(os.path.join(prefix, META)) and os.listdir(prefix):
+    try:
+        names = set(os.listdir(prefix))
+    except FileNotFoundError:  # another writer is swapping its directory in
+        return
+    if not names:
+        return
+    try:
+        doc = _read_meta(prefix)
+        tree = doc["tree"]
+        count = _count_leaves(tree)
+    except (MemmapError, FileNotFoundError, KeyError, TypeError, RecursionError):
+        count = -1
+    if count < 0 and not os.path.lexists(prefix):
+        return
+    if count < 0 or names != {META, *(leaf_name(i) for i in range(count))}:
         raise MemmapError(
-            f"{prefix} is a non-empty directory without {META}: memmap replaces only directories "
-            "it wrote (or empty ones), never other files"
+            f"{prefix} is not a memmap directory that tdtree wrote (it holds other files, or its {META} is not "
+            "tdtree's): memmap replaces only its own directories (or empty ones), never other files"
         )
 
 
+def _count_leaves(tree: Any) -> int:
+    return sum(_count_leaves(child) if "entries" in child else 1 for _, child in tree["entries"])
+
+
+def _read_meta(prefix: str, dir_fd: int | None = None) -> Any:
+    """The parsed metadata file of ``prefix`` (a regular file, no symlink, read up to a bound)."""
+    meta = os.path.join(prefix, META)
+    try:
+        with open_regular(META if dir_fd is not None else meta, MemmapError, "metadata file", dir_fd, follow=False) as f:
+            raw = f.read(META_MAX + 1)
+    except FileNotFoundError:
+        raise MemmapError(f"missing metadata file {meta}: {prefix} is not a memmap directory") from None
+    except MemmapError as err:
+        raise MemmapError(str(err).replace(f" {META} ", f" {meta} ")) from None
+    except OSError as err:
+        raise MemmapError(f"cannot read metadata file {meta}: {err}") from err
+    if len(raw) > META_MAX:
+        raise MemmapError(f"corrupt metadata file {meta}: larger than {META_MAX} bytes")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as err:
+        raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
+
+
 def _write_leaf(path: str, tensor: torch.Tensor) -> None:
-    values = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous()
     with open(path, "xb") as f:
-        f.write(values.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
+        f.write(as_bytes(tensor).numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
@@ -252,22 +304,6 @@ def _write_json(path: str, doc: dict[str, Any]) -> None:
     text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
     with open(path, "x", encoding="ascii") as f:
         f.write(text)
-
-
-def _swap_in(tmp: str, prefix: str) -> None:
-    """Rename ``tmp`` to ``prefix``; an existing ``prefix`` is moved away first and deleted after."""
-    if not os.path.lexists(prefix):
-        os.rename(tmp, prefix)
-        return
-    parent, name = os.path.split(prefix)
-    old = os.path.join(parent, f".{name[:40]}.{secrets.token_hex(6)}.old")
-    os.rename(prefix, old)
-    try:
-        os.rename(tmp, prefix)
-    except BaseException:
-        os.rename(old, prefix)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def memmap(
@@ -319,7 +355,10 @@ def memmap(
     where = prefix
     try:
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{name[:40]}.", suffix=".tmp", dir=parent)
+        remove_stale(parent, name)
+        tmp = os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        os.mkdir(tmp, 0o777)  # the umask applies, as to any directory the user makes
+        dir_fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as err:
         raise MemmapError(f"cannot create {where}: {err}") from err
     try:
@@ -328,15 +367,20 @@ def memmap(
             _write_leaf(os.path.join(tmp, leaf_name(index)), leaf)
         where = os.path.join(prefix, META)
         _write_json(os.path.join(tmp, META), doc)
+        # mapped before the rename, through the directory written: another writer may replace
+        # prefix (and delete these files) at once, and the node is still the one written
+        node = _open(prefix, doc, "r+", dir_fd)
         where = prefix
-        _swap_in(tmp, prefix)
-    except OSError as err:
+        swap_in(tmp, prefix)
+    except OSError as err:  # MemmapError included
         shutil.rmtree(tmp, ignore_errors=True)
-        raise MemmapError(f"cannot write {where}: {err}") from err
+        raise err if isinstance(err, MemmapError) else MemmapError(f"cannot write {where}: {err}") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return _open(prefix, doc, writable=True)
+    finally:
+        os.close(dir_fd)
+    return node
 
 
 # -- reading ----------------------------------------------------------------------------------
@@ -357,30 +401,24 @@ def _forget(ptr: int, origin: tuple[str, int, bool]) -> None:
         del _ORIGIN[ptr]
 
 
-def _map_file(prefix: str, index: int, nbytes: int, dtype: torch.dtype, writable: bool) -> torch.Tensor:
-    """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype``, after checking its size.
-
-    The size is checked first because ``torch.from_file`` in shared mode
-    creates a missing file and grows a short one.
-    """
+def _map_file(
+    prefix: str, index: int, nbytes: int, dtype: torch.dtype, mode: str, dir_fd: int | None = None
+) -> torch.Tensor:
+    """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype`` (see :func:`map_regular`),
+    remembered for pickling by reference and, under ``mode="r"``, marked read-only."""
     path = os.path.join(prefix, leaf_name(index))
-    try:
-        found = os.stat(path).st_size
-    except FileNotFoundError:
-        raise MemmapError(f"missing leaf file {path}") from None
-    except OSError as err:
-        raise MemmapError(f"cannot read leaf file {path}: {err}") from err
-    if found != nbytes:
-        raise MemmapError(f"leaf file {path} holds {found} bytes; its metadata asks for {nbytes}")
-    try:
-        flat = torch.from_file(path, shared=writable, size=nbytes // dtype.itemsize, dtype=dtype)
-    except RuntimeError as err:
-        raise MemmapError(f"cannot map leaf file {path}: {err}") from err
-    _remember(flat, prefix, index, writable)
+    flat = map_regular(path, leaf_name(index) if dir_fd is not None else path, dir_fd, nbytes, dtype, mode)
+    _remember(flat, prefix, index, mode == "r+")
+    if mode == "r":
+        mark_read_only(
+            flat.untyped_storage(),
+            f"it is mapped from {path} with mode='r'; load with mode='r+' to write the file, "
+            "or mode='c' for private copy-on-write",
+        )
     return flat
 
 
-def _open(prefix: str, doc: object, writable: bool) -> Any:
+def _open(prefix: str, doc: object, mode: str, dir_fd: int | None) -> Any:
     meta = os.path.join(prefix, META)
 
     def corrupt(reason: str) -> MemmapError:
@@ -391,7 +429,7 @@ def _open(prefix: str, doc: object, writable: bool) -> Any:
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
         if dtype not in _MAPPABLE:
             raise MemmapError(f"leaf {display(path)!r} in {meta} has dtype {dtype}, which cannot be mapped")
-        return _map_file(prefix, index, shape.numel() * dtype.itemsize, dtype, writable).view(shape)
+        return _map_file(prefix, index, checked_size(shape, dtype, corrupt, path), dtype, mode, dir_fd).view(shape)
 
     def device(name: str | None) -> torch.device | None:
         if name not in (None, "cpu"):
@@ -401,46 +439,94 @@ def _open(prefix: str, doc: object, writable: bool) -> Any:
     return retag(assemble(doc.get("tree"), root, leaf, corrupt, device), _TAGS)
 
 
+_LOAD_ATTEMPTS = 20
+
+
+def _open_dir(prefix: str, last: bool) -> int:
+    """A descriptor of the directory ``prefix``; -1 when it is missing while a writer is swapping
+    a new one in (its temporary or old directory is there), so the caller tries again."""
+    try:
+        return os.open(prefix, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        parent, name = os.path.split(prefix)
+        head = f".{name[:40]}."
+        if not last and any(e.startswith(head) for e in _listdir(parent)):
+            time.sleep(0.001)
+            return -1
+        raise MemmapError(f"missing metadata file {os.path.join(prefix, META)}: {prefix} does not exist") from None
+    except OSError as err:
+        # O_NOFOLLOW | O_DIRECTORY on a symlink: ELOOP or, on Linux, ENOTDIR
+        reason = "is a symlink (never followed)" if os.path.islink(prefix) else f"cannot be opened: {err}"
+        raise MemmapError(f"{prefix} {reason}; load_memmap takes a memmap directory") from None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _replaced(prefix: str, dir_fd: int) -> bool:
+    """Whether ``prefix`` names another directory than ``dir_fd`` now."""
+    try:
+        now = os.stat(prefix, follow_symlinks=False)
+    except OSError:
+        return True
+    opened = os.fstat(dir_fd)
+    return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
+
+
 @tag_rule
 def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
     """The node stored under ``prefix`` by :meth:`TensorDict.memmap`, leaves mapped from its files.
 
+    The directory is opened once and every file read through it, so a load sees
+    one complete directory even while another process replaces ``prefix``. The
+    prefix itself, ``meta.json`` and the leaf files must not be symlinks (parent
+    directories may be), and must be regular files: anything else is refused.
+
     Args:
         prefix: the memmap directory.
-        mode: ``"r+"`` maps the files shared: in-place writes go to the files
-            and are seen by every process that maps them. ``"r"`` maps them
-            privately (copy-on-write): in-place writes still succeed but stay
-            in this process's memory; the files never change.
+        mode: as numpy's memmap: ``"r+"`` maps the files shared: in-place writes go
+            to the files and are seen by every process that maps them. ``"r"``:
+            read-only, every tdtree in-place writer raises WriteError. ``"c"``:
+            copy-on-write, in-place writes stay in this process's memory.
 
     Returns:
         The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node; a tensorclass
         instance when a tensorclass was memmapped (its class must be defined in this process).
 
     Raises:
-        MemmapError: naming the file: a missing or corrupt metadata file, an
-            unknown format version, a dtype that cannot be mapped, a missing
-            leaf file or one of the wrong size.
+        MemmapError: naming the file: a missing, corrupt, oversized, non-regular or
+            symlinked metadata or leaf file, an unknown format version, a dtype that
+            cannot be mapped, a shape too large, or a leaf file of the wrong size.
     """
-    if mode not in ("r", "r+"):
-        raise ValueError(f"mode must be 'r' (private, read-only files) or 'r+' (shared), got {mode!r}")
+    if mode not in ("r", "r+", "c"):
+        raise ValueError(f"mode must be 'r' (read-only), 'r+' (shared writes) or 'c' (copy-on-write), got {mode!r}")
     prefix = os.path.abspath(os.fspath(prefix))
-    meta = os.path.join(prefix, META)
-    try:
-        with open(meta, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise MemmapError(f"missing metadata file {meta}: {prefix} is not a memmap directory") from None
-    except OSError as err:
-        raise MemmapError(f"cannot read metadata file {meta}: {err}") from err
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as err:
-        raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
-    node = _open(prefix, doc, writable=mode == "r+")
+    for attempt in range(_LOAD_ATTEMPTS):
+        dir_fd = _open_dir(prefix, last=attempt + 1 == _LOAD_ATTEMPTS)
+        if dir_fd < 0:
+            continue
+        try:
+            doc = _read_meta(prefix, dir_fd)
+            node = _open(prefix, doc, mode, dir_fd)
+            break
+        except MemmapError:
+            # a writer replaced prefix while it was read (and deleted the files not yet opened):
+            # read the new directory; a directory that stayed in place is broken, say so
+            if attempt + 1 == _LOAD_ATTEMPTS or not _replaced(prefix, dir_fd):
+                raise
+        finally:
+            os.close(dir_fd)
+    else:  # every attempt found prefix missing while a writer was swapping (the last one raised)
+        raise AssertionError("unreachable")
     if doc.get("record") is None:
         return node
     from ._tcrecord import from_record
 
+    meta = os.path.join(prefix, META)
     return from_record(node, doc["record"], lambda reason: MemmapError(f"corrupt metadata file {meta}: {reason}"))
 
 
@@ -493,7 +579,7 @@ def resolve(ref: object) -> torch.Tensor:
         raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
     if not os.path.isfile(os.path.join(prefix, META)):
         raise MemmapError(f"cannot reopen a memmap leaf: {prefix} holds no {META}")
-    storage = _map_file(prefix, index, nbytes, torch.uint8, writable).untyped_storage()
+    storage = _map_file(prefix, index, nbytes, torch.uint8, "r+" if writable else "c").untyped_storage()
     try:
         return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
     except RuntimeError as err:

@@ -17,6 +17,8 @@ import torch
 
 from ._base import Node, make
 from ._tags import Memmap, Shared, retag, tag_named
+from ._validate import build
+from .errors import BatchSizeError, KeyCollisionError, SerializationError
 
 __all__ = ["reduce_node", "rebuild_node", "root_name", "root_named"]
 
@@ -73,20 +75,61 @@ def rebuild_node(
     device: str | None,
     tag_names: tuple[str, ...],
 ) -> Node:
+    """The node :func:`reduce_node` reduced, after the public constructor's validation.
+
+    It is on torch's safe-globals list, so a hand-made pickle can call it with
+    anything: keys must be unique, sorted strs, one per value; the batch size
+    must fit every leaf; tags and the node type must be known. Anything else
+    raises SerializationError.
+    """
     root = root_named(type_name)
     if root is None:
-        raise TypeError(f"cannot unpickle a node of unknown type {type_name!r}")
-    tags = frozenset(tag_named(n) for n in tag_names)
+        raise SerializationError(f"cannot unpickle a node of unknown type {str(type_name)[:80]!r}")
+    if (
+        type(keys) is not tuple
+        or type(values) is not tuple
+        or len(keys) != len(values)
+        or any(type(k) is not str for k in keys)
+        or list(keys) != sorted(set(keys))
+    ):
+        raise SerializationError(
+            f"cannot unpickle a {type_name} node: its keys {str(keys)[:80]} are not unique sorted strs, "
+            f"one for each of its {len(values) if type(values) is tuple else '?'} values"
+        )
+    if type(batch_size) is not tuple or any(type(d) is not int or d < 0 for d in batch_size):
+        raise SerializationError(f"cannot unpickle a {type_name} node: malformed batch_size {str(batch_size)[:80]}")
+    if type(tag_names) is not tuple or type(device) not in (str, type(None)):
+        raise SerializationError(f"cannot unpickle a {type_name} node: malformed tags or device")
+    try:
+        tags = frozenset(tag_named(n) for n in tag_names)
+        recorded = None if device is None else torch.device(device)
+    except (ValueError, RuntimeError, TypeError) as err:
+        raise SerializationError(f"cannot unpickle a {type_name} node: {err}") from None
     if Memmap in tags:
         from ._memmap import resolve
 
         values = tuple(v if isinstance(v, Node) else resolve(v) for v in values)
+    for k, v in zip(keys, values):
+        if type(v) is not torch.Tensor and not isinstance(v, Node):
+            raise SerializationError(
+                f"cannot unpickle a {type_name} node: its value at {k!r} is a {type(v).__name__}, not a tensor or a node"
+            )
+    try:
+        built = build(root, dict(zip(keys, values)), torch.Size(batch_size), None)
+    except (BatchSizeError, KeyCollisionError, TypeError, ValueError) as err:
+        raise SerializationError(f"cannot unpickle a {type_name} node: {err}") from None
+    if recorded is not None and built._meta[2] not in (None, recorded):
+        raise SerializationError(
+            f"cannot unpickle a {type_name} node: recorded on {recorded}, its leaves are on {built._meta[2]}"
+        )
     if Shared in tags:
         for v in values:
             if isinstance(v, torch.Tensor) and not v.is_shared():
                 v.share_memory_()
-    # the claims are true again (above), so the tags are written back: unpickling is one of retag's callers
-    node = make(root, dict(zip(keys, values)), torch.Size(batch_size), None if device is None else torch.device(device))
+    # built only validates (it would untag tagged sub-nodes, which keep their tags); the claims are
+    # true again (above), so the tags are written back: unpickling is one of retag's callers
+    found = recorded if recorded is not None else built._meta[2]
+    node = make(root, dict(zip(keys, values)), built._meta[1], found)
     return retag(node, tags) if tags else node
 
 

@@ -19,16 +19,18 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import tempfile
+import secrets
+import zipfile
 from typing import Any
 
 import torch
 
 from ._base import Node
 from ._keys import display
-from ._memmap import assemble, describe, mappable, read_header
+from ._memmap import as_bytes, assemble, checked_size, describe, mappable, open_regular, read_header
 from ._pickle import root_name
 from ._tags import Locked, retag, tag_rule
+from ._torch_private import storage_id
 from .errors import SerializationError
 
 __all__ = ["save", "load"]
@@ -62,7 +64,7 @@ def _aligned(offset: int) -> int:
 
 def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
     """The values of ``tensors`` in one uint8 tensor, each starting at a multiple of ``ALIGN``."""
-    values = [t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    values = [as_bytes(t) for t in tensors]
     starts = []
     end = 0
     for v in values:
@@ -86,6 +88,54 @@ def _reason(err: Exception) -> str:
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     named = [ln for ln in lines[1:] if not ln.startswith(("Check the documentation", "Please file an issue"))]
     return " ".join(named) or (lines[0] if lines else type(err).__name__)
+
+
+# A save file is torch's zip of stored records; deflated ones (a hand-made file) could expand to far
+# more memory than the file takes, so they are refused, as is a record larger than the file.
+def _check_records(f: Any, path: str) -> None:
+    size = os.fstat(f.fileno()).st_size
+    if not zipfile.is_zipfile(f):
+        f.seek(0)
+        return  # torch's legacy format, or not torch's at all: torch.load refuses what it cannot read
+    try:
+        infos = zipfile.ZipFile(f).infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as err:
+        raise SerializationError(f"cannot load {path}: it is not a tdtree save file ({err})") from None
+    finally:
+        f.seek(0)
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+            raise SerializationError(
+                f"refused to load {path}: its record {info.filename[:80]!r} is compressed or larger than the file "
+                f"({info.file_size} bytes); tdtree.save writes stored records only"
+            )
+
+
+def _refused_leaf(value: torch.Tensor, seen: set[int]) -> str | None:
+    """Why a tensor found in a save file is refused as a leaf (None: taken; its storage joins ``seen``).
+
+    A leaf is a plain, strided tensor with a storage of its own, laid out as save()
+    writes it (compact): no subclass or Parameter, no sparse tensor, no view that
+    shares its storage with another leaf or the buffer. Meta leaves (no data) load.
+    """
+    if type(value) is not torch.Tensor:
+        return f"is a {type(value).__name__}, not a plain tensor"
+    if value.layout != torch.strided:
+        return f"has layout {value.layout}: only strided tensors are leaves"
+    if value.is_meta:
+        return None  # no data, no storage: nothing to alias or allocate
+    storage = value.untyped_storage()
+    if value.numel() and (
+        not value.is_contiguous()
+        or value.storage_offset() != 0
+        or storage.nbytes() != value.numel() * value.element_size()
+    ):
+        return "is not a compact tensor of its own storage (a view, an expanded tensor, or a shared storage)"
+    key = storage_id(storage)
+    if value.numel() and key in seen:
+        return "shares its storage with another leaf or with the packed buffer"
+    seen.add(key)
+    return None
 
 
 def save(node: Node, path: str | os.PathLike[str]) -> None:
@@ -124,8 +174,9 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
     }
     path = os.path.abspath(os.fspath(path))
     parent, name = os.path.split(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name[:40]}.", suffix=".tmp", dir=parent)
-    os.close(fd)
+    # O_EXCL under a random name, mode 0o666: the umask applies, as to any file the user writes
+    tmp = os.path.join(parent, f".{name[:40]}.{secrets.token_hex(6)}.tmp")
+    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     try:
         torch.save(payload, tmp)
         os.replace(tmp, path)
@@ -150,26 +201,33 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
         are claims about storage that a loaded file does not make: call
         ``share_memory()`` or ``memmap()`` on the result for them.
 
+    ``path`` may be a symlink (it is the user's own path), but what it names must
+    be a regular file: a FIFO or a device is refused without reading it.
+
     Raises:
-        SerializationError: naming the file, when it holds anything but
-            tensors and plain data (nothing in it is run or rebuilt), is not a
-            tdtree save file, or its description does not match its tensors.
+        SerializationError: naming the file, when it is not a regular file, holds
+            anything but tensors and plain data (nothing in it is run or rebuilt),
+            holds a compressed record or one larger than the file, is not a tdtree
+            save file, its description does not match its tensors (shapes too large
+            included), or a leaf is not what save writes (see :func:`_refused_leaf`).
         FileNotFoundError: ``path`` does not exist.
     """
     path = os.fspath(path)
-    try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-    except (FileNotFoundError, IsADirectoryError, PermissionError):
-        raise
-    except pickle.UnpicklingError as err:
-        raise SerializationError(
-            f"refused to load {path}: it is not a tdtree save file, or it holds objects other than tensors "
-            f"and plain data, which safe loading never rebuilds ({_reason(err)})"
-        ) from None
-    except Exception as err:  # noqa: BLE001 - any failure to parse an untrusted file is the same error
-        raise SerializationError(
-            f"cannot load {path}: it is not a tdtree save file ({type(err).__name__}: {err})"
-        ) from None
+    with open_regular(path, SerializationError, "save file") as f:
+        _check_records(f, path)
+        try:
+            payload = torch.load(f, map_location=device, weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise SerializationError(
+                f"refused to load {path}: it is not a tdtree save file, or it holds objects other than tensors "
+                f"and plain data, which safe loading never rebuilds ({_reason(err)})"
+            ) from None
+        except SerializationError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to parse an untrusted file is the same error
+            raise SerializationError(
+                f"cannot load {path}: it is not a tdtree save file ({type(err).__name__}: {err})"
+            ) from None
 
     def corrupt(reason: str) -> SerializationError:
         return SerializationError(f"corrupt tdtree save file {path}: {reason}")
@@ -203,6 +261,9 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
             f"its packed buffer should be a contiguous 1-d uint8 tensor, found {buffer.dtype} {tuple(buffer.shape)}"
         )
     tensors = payload["tensors"]
+    seen = {storage_id(buffer.untyped_storage())} if buffer.numel() else set()
+    if type(buffer) is not torch.Tensor:
+        raise corrupt(f"its packed buffer is a {type(buffer).__name__}, not a plain tensor")
     offset = 0  # bytes of the buffer taken so far
     in_buffer = 0  # leaves taken from the buffer
     apart = 0  # leaves taken from the list
@@ -213,7 +274,7 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
             if not mappable(dtype):
                 raise corrupt(f"leaf {display(key)!r} of dtype {dtype} cannot be packed")
             start = _aligned(offset)
-            offset = start + shape.numel() * dtype.itemsize
+            offset = start + checked_size(shape, dtype, corrupt, key)
             if offset > buffer.numel():
                 raise corrupt(f"its packed buffer holds {buffer.numel()} bytes, too few for leaf {display(key)!r}")
             in_buffer += 1
@@ -222,6 +283,9 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
         if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.shape != shape:
             found = None if not isinstance(value, torch.Tensor) else f"{value.dtype} {tuple(value.shape)}"
             raise corrupt(f"leaf {display(key)!r} should be {dtype} {tuple(shape)}, found {found}")
+        refused = _refused_leaf(value, seen)
+        if refused:
+            raise corrupt(f"leaf {display(key)!r} {refused}")
         apart += 1
         return value
 

@@ -26,6 +26,9 @@ __all__ = [
     "SerializationError",
     "StructureMismatchError",
     "WriteError",
+    "WriteIndexError",
+    "WriteShapeError",
+    "WriteTypeError",
 ]
 
 
@@ -115,7 +118,9 @@ class MemmapError(OSError):
 
 
 class WriteError(ValueError):
-    """An in-place writer was given a value that would change a leaf's shape, dtype or device.
+    """An in-place writer refused a write: a value that would change a leaf's shape, dtype or
+    device, a number out of the leaf dtype's range, or a leaf that cannot be written (expanded,
+    an inference tensor, a leaf requiring grad, a read-only memmap).
 
     Raised before anything is written; the message names the key, both shapes or dtypes, and
     the functional editor or conversion to use instead.
@@ -124,6 +129,23 @@ class WriteError(ValueError):
 
 class BatchDimError(IndexError):
     """A batch dim, or an index over the batch dims, does not fit the node's batch size."""
+
+
+# The subclasses below are WriteErrors that are also the errors at[idx].set_ raised before it
+# raised WriteError, so that old except clauses still catch them.
+
+
+class WriteTypeError(WriteError, TypeError):
+    """A value whose dtype does not cast to its leaf's (``torch.can_cast``), or that is neither a
+    tensor, a node nor a Python number."""
+
+
+class WriteShapeError(WriteError, BatchSizeError):
+    """A value whose shape does not broadcast to the entry it is written to."""
+
+
+class WriteIndexError(WriteError, BatchDimError):
+    """An index of ``at[idx].set_`` out of range for its batch dim, or not an index over the batch dims."""
 
 
 class SerializationError(OSError):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tdtree as tt
-from tdtree.errors import BatchDimError, BatchSizeError, KeyMismatchError, LockedError
+from tdtree.errors import BatchDimError, BatchSizeError, KeyMismatchError, LockedError, WriteShapeError, WriteTypeError
 from tdtree.testing import assert_equal
 
 
@@ -155,11 +155,11 @@ def test_at_set_errors() -> None:
         td.at[0].set(td[0].exclude("b"))
     with pytest.raises(BatchSizeError, match=r"batch_size \(2, 4\) is not td\[idx\]\.batch_size \(4,\)"):
         td.at[0].set(td[:2])
-    with pytest.raises(BatchSizeError, match=r"value at 'a' has shape \(4, 3\)"):
+    with pytest.raises(WriteShapeError, match=r"'a' has shape \(4, 2\) and the value's shape \(4, 3\) does not broadcast"):
         td.at[0].set(td[0].exclude("a").set("a", torch.zeros(4, 3)))
     with pytest.raises(BatchSizeError, match=r"shape \(5,\).*does not broadcast to td\[idx\]\.batch_size \(4,\)"):
         td.at[0].set(torch.zeros(5))
-    with pytest.raises(TypeError, match=r"value at 'b' is torch.float32, which cannot be cast safely to torch.int64"):
+    with pytest.raises(WriteTypeError, match=r"'b' holds torch.int64 and the value is torch.float32, which does not cast"):
         td.at[0].set(td[0].exclude("b").set("b", torch.zeros(4)))
     with pytest.raises(TypeError, match="must be a node, a tensor or a number"):
         td.at[0].set("x")
@@ -180,7 +180,7 @@ def test_at_set_checks_every_value_before_torch_writes() -> None:
     td = make_td()
     bad_b = td[torch.tensor([1])].exclude("b").set("b", torch.zeros(1, 4))
     # torch refuses index 5 at the first leaf "a"; the value at "b" is refused first, as set_ would
-    with pytest.raises(TypeError, match=r"value at 'b' is torch.float32, which cannot be cast safely"):
+    with pytest.raises(WriteTypeError, match=r"'b' holds torch.int64 and the value is torch.float32"):
         td.at[torch.tensor([5])].set(bad_b)
     with pytest.raises(IndexError):
         td.at[torch.tensor([5])].set(td[torch.tensor([1])])
@@ -200,10 +200,10 @@ def test_at_set_inplace_checks_before_writing() -> None:
     td = make_td()
     before = td.clone()
     bad = td[0].exclude("sub").set("sub", {"c": torch.zeros(4, 5, 3)})
-    with pytest.raises(BatchSizeError, match=r"value at \('sub', 'c'\) has shape \(4, 5, 3\)"):
+    with pytest.raises(WriteShapeError, match=r"\('sub', 'c'\) has shape \(4, 5, 2\) and the value's shape \(4, 5, 3\)"):
         td.at[0].set_(bad)  # "a" and "b" come first and must not have been written
     assert_equal(td, before)
-    with pytest.raises(TypeError, match="cannot be cast safely"):
+    with pytest.raises(WriteTypeError, match="does not cast"):
         td.at[0].set_(torch.tensor(0.5))
     assert_equal(td, before)
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 import tdtree as tt
 from tdtree._tags import retag
-from tdtree.errors import KeyMismatchError, KeyNotFoundError, WriteError
+from tdtree.errors import (
+    BatchDimError,
+    BatchSizeError,
+    KeyMismatchError,
+    KeyNotFoundError,
+    WriteError,
+    WriteIndexError,
+    WriteShapeError,
+    WriteTypeError,
+)
 from tdtree.testing import assert_equal
 
 
@@ -368,3 +379,128 @@ def test_compiled_writers_read_every_value_before_writing(backend: str) -> None:
     torch.compile(lambda t, o: t.copy_(o), fullgraph=True, backend=backend)(td, other)
     assert torch.equal(base, torch.tensor([0.0, 1.0, 2.0, 1.0]))
     torch._dynamo.reset()
+
+
+# -- issue 19: a refused write leaves every leaf as it was, bit for bit ---------------------------
+
+
+def _two() -> tt.TensorDict:
+    return tt.TensorDict({"a": torch.zeros(3), "b": torch.zeros(3, dtype=torch.uint8)}, [3])
+
+
+def _refused_untouched(td: tt.TensorDict, write: Any, error: type[Exception], match: str) -> None:
+    before = {k: v.clone() for k, v in td.items(include_nested=True, leaves_only=True)}
+    with pytest.raises(error, match=match):
+        write(td)
+    for k, v in td.items(include_nested=True, leaves_only=True):
+        assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize(
+    ("write", "error", "match"),
+    [
+        (lambda td: td.at[0].set_(300), WriteError, r"'b' holds torch.uint8 and the value 300 is out of its range"),
+        (lambda td: td.at[torch.tensor([0, 5])].set_(1), WriteIndexError, r"index 5 is out of range for batch dim 0"),
+        (lambda td: td.update_({"a": torch.ones(3), "b": 300}), WriteError, r"'b' holds torch.uint8 and the value 300"),
+        (lambda td: td.update_({"b": torch.ones(3, dtype=torch.uint8), "a": 1e300}), WriteError, r"'a' .* 1e\+300 is out"),
+        (lambda td: td.update_({"a": torch.ones(3), "b": -1}), WriteError, r"'b' holds torch.uint8 and the value -1"),
+        (lambda td: td.at[0].set_(1.5), WriteTypeError, r"'b' holds torch.uint8 and the value 1.5 is a float"),
+        (lambda td: td.at[:].set_("x"), WriteTypeError, r"must be a node, a tensor or a number, got str"),
+        (lambda td: td.at[0].set_(torch.zeros(2)), WriteShapeError, r"does not broadcast"),
+        (lambda td: td.at[7].set_(1), WriteIndexError, r"index 7 is out of range"),
+        (lambda td: td.fill_("b", 256), WriteError, r"'b' holds torch.uint8 and the value 256"),
+    ],
+)
+def test_refused_writes_write_nothing(write: Any, error: type[Exception], match: str) -> None:
+    _refused_untouched(_two(), write, error, match)
+
+
+def test_at_set_inplace_follows_update_casting_rule() -> None:
+    td = tt.TensorDict({"i": torch.zeros(2, dtype=torch.int64), "m": torch.zeros(2, dtype=torch.bool)}, [2])
+    _refused_untouched(td, lambda t: t.at[0].set_(1.5), WriteTypeError, r"'i' holds torch.int64 and the value 1.5")
+    _refused_untouched(td.select("m"), lambda t: t.at[0].set_(7), WriteTypeError, r"'m' holds torch.bool and the value 7")
+    assert isinstance(WriteTypeError("x"), TypeError) and isinstance(WriteShapeError("x"), BatchSizeError)
+    assert isinstance(WriteIndexError("x"), IndexError) and isinstance(WriteIndexError("x"), BatchDimError)
+
+
+def _unwritable_leaves() -> dict[str, torch.Tensor]:
+    with torch.inference_mode():
+        inference = torch.zeros(3)
+    return {
+        "expanded": torch.zeros(1).expand(3),
+        "parameter": torch.nn.Parameter(torch.zeros(3)),
+        "parameter_view": torch.nn.Parameter(torch.zeros(6))[:3],
+        "inference": inference,
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_unwritable_leaves()))
+@pytest.mark.parametrize("op", ["update_", "copy_", "at_set_", "zero_", "update_number"])
+def test_unwritable_leaf_refused_before_any_write(kind: str, op: str) -> None:
+    if kind == "expanded" and op == "zero_":
+        return  # zero_ writes one value everywhere: an expanded leaf takes it (tested below)
+    td = tt.TensorDict({"a": torch.ones(3), "z": _unwritable_leaves()[kind]}, [3])
+    twos = tt.TensorDict({"a": torch.full((3,), 2.0), "z": torch.full((3,), 2.0)}, [3])
+    write = {
+        "update_": lambda t: t.update_(twos),
+        "copy_": lambda t: t.copy_(twos),
+        "at_set_": lambda t: t.at[:].set_(twos),
+        "zero_": lambda t: t.zero_(),
+        "update_number": lambda t: t.update_({"a": 2.0, "z": 2.0}),
+    }[op]
+    with pytest.raises(WriteError, match=r"'z' is "):
+        write(td)
+    assert torch.equal(td["a"], torch.ones(3))
+
+
+def test_zero_of_expanded_leaf_writes_its_one_cell() -> None:
+    td = tt.TensorDict({"e": torch.ones(1).expand(3)}, [3])
+    assert torch.equal(td.zero_()["e"], torch.zeros(3))
+
+
+def test_unwritable_leaves_written_where_torch_allows() -> None:
+    leaves = _unwritable_leaves()
+    with torch.no_grad():
+        td = tt.TensorDict({"p": leaves["parameter"]}, [3])
+        td.update_({"p": torch.ones(3)})
+    assert torch.equal(leaves["parameter"].detach(), torch.ones(3))
+    with torch.inference_mode():
+        td = tt.TensorDict({"i": leaves["inference"]}, [3])
+        td.update_({"i": 2.0})
+    assert torch.equal(leaves["inference"], torch.full((3,), 2.0))
+
+
+def test_at_set_inplace_reads_every_value_first() -> None:
+    td = tt.TensorDict({"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 4.0])}, [2])
+    td.at[0].set_(tt.TensorDict({"a": td["b"][0], "b": td["a"][0]}, []))  # a swap
+    assert td["a"].tolist() == [3.0, 2.0] and td["b"].tolist() == [1.0, 4.0]
+    shifted = tt.TensorDict({"a": torch.arange(4.0), "b": torch.arange(4.0)}, [4])
+    shifted.at[1:].set_(shifted[:-1])  # each value overlaps its own leaf
+    assert shifted["a"].tolist() == [0.0, 0.0, 1.0, 2.0] and shifted["b"].tolist() == [0.0, 0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_at_set_inplace_index_tensor_into_unsigned(dtype: torch.dtype) -> None:
+    td = tt.TensorDict({"u": torch.zeros(3, dtype=dtype)}, [3])
+    td.at[torch.tensor([2])].set_(7)
+    assert td["u"].tolist() == [0, 0, 7]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "value", "fits"),
+    [
+        (torch.uint8, 255, True), (torch.uint8, 256, False), (torch.uint8, -1, False),
+        (torch.int64, 2**63 - 1, True), (torch.int64, 2**63, False), (torch.int8, True, True),
+        (torch.float16, 65504.0, True), (torch.float16, 65520.0, False), (torch.float32, 1e300, False),
+        (torch.float32, float("inf"), True), (torch.float32, float("nan"), True), (torch.float32, 2**200, False),
+        (torch.complex64, 1e300j, False), (torch.complex64, 1 + 1j, True), (torch.bfloat16, 3.38e38, True), (torch.bfloat16, 3.4e38, False),
+    ],
+)
+def test_number_range(dtype: torch.dtype, value: Any, fits: bool) -> None:
+    td = tt.TensorDict({"x": torch.zeros(2, dtype=dtype)}, [2])
+    if fits:
+        td.update_({"x": value})
+        expected = torch.full((2,), value, dtype=dtype)
+        assert torch.equal(td["x"], expected) if value == value else bool(td["x"].isnan().all())
+    else:
+        _refused_untouched(td, lambda t: t.update_({"x": value}), WriteError, r"is out of its range")

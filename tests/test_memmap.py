@@ -70,7 +70,7 @@ def test_memmap_writes_one_file_per_leaf_and_maps_them(tmp_path):
     assert sorted(os.listdir(prefix)) == sorted([META, *(leaf_name(i) for i in range(4))])
     for _, leaf in out.items(include_nested=True, leaves_only=True):
         if leaf.numel():
-            assert os.path.dirname(leaf.untyped_storage().filename) == str(prefix)
+            assert reference(leaf)[1] == str(prefix)  # mapped from prefix's files (through its directory fd)
     doc = json.loads((prefix / META).read_text())
     assert doc["version"] == 1 and doc["tags"] == ["Locked", "Memmap"]
     assert doc["tree"]["batch_size"] == [4]
@@ -191,7 +191,7 @@ def test_existsok_never_replaces_foreign_files(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "notes.txt").write_text("keep me")
     (tmp_path / "file").write_text("keep me too")
-    with pytest.raises(MemmapError, match=r"docs is a non-empty directory without meta.json"):
+    with pytest.raises(MemmapError, match=r"docs is not a memmap directory that tdtree wrote"):
         nested().memmap(tmp_path / "docs", existsok=True)
     with pytest.raises(MemmapError, match=r"file exists and is not a directory"):
         nested().memmap(tmp_path / "file", existsok=True)
@@ -276,7 +276,7 @@ def test_load_memmap_maps_the_files(tmp_path):
     back = tt.load_memmap(str(tmp_path / "mm"))
     assert_equal(back, retag(td, MM))
     assert all(n.tags == MM for n in sub_nodes(back))
-    assert back["obs"].untyped_storage().filename == str(tmp_path / "mm" / leaf_name(3))
+    assert reference(back["obs"])[1:3] == (str(tmp_path / "mm"), 3)
 
 
 def test_r_plus_writes_reach_the_file_and_other_mappings(tmp_path):
@@ -299,7 +299,7 @@ def test_r_mode_writes_stay_private(tmp_path):
 
 
 def test_bad_mode():
-    with pytest.raises(ValueError, match=r"mode must be 'r' .* or 'r\+' .*got 'w'"):
+    with pytest.raises(ValueError, match=r"mode must be 'r' .*, 'r\+' .* or 'c' .*got 'w'"):
         tt.load_memmap("/nonexistent", mode="w")
 
 
@@ -440,7 +440,7 @@ def test_memmap_pickles_by_reference(tmp_path):
     data = pickle.dumps(td)
     assert len(data) < 2000
     back = pickle.loads(data)
-    assert back["big"].untyped_storage().filename == td["big"].untyped_storage().filename
+    assert reference(back["big"])[1:4] == reference(td["big"])[1:4]
     back["big"][3, 4] = 5.0
     assert td["big"][3, 4] == 5.0
 
@@ -449,7 +449,7 @@ def test_read_only_node_unpickles_read_only(tmp_path):
     nested().memmap(tmp_path / "mm")
     ro = tt.load_memmap(tmp_path / "mm", mode="r")
     back = pickle.loads(pickle.dumps(ro))
-    assert back.tags == MM and back["obs"].untyped_storage().filename is None
+    assert back.tags == MM and reference(back["obs"])[3] is False
     back["obs"].fill_(7.0)
     assert not torch.equal(tt.load_memmap(tmp_path / "mm")["obs"], back["obs"])
 
@@ -519,3 +519,106 @@ def test_crafted_references_open_nothing_else(tmp_path):
             torch.load(buf, weights_only=True)
     assert not target.exists() and not (tmp_path / "mm" / leaf_name(7)).exists()
     assert (secret / leaf_name(0)).stat().st_size == 8
+
+
+# -- issue 19: files that cannot be turned against the user ---------------------------------------
+
+
+def test_one_element_leaf_with_non_unit_stride(tmp_path):
+    leaf = torch.arange(4)[::2][:1]
+    back = TensorDict({"x": leaf}, [1]).memmap(tmp_path / "mm")
+    assert back["x"].tolist() == [0]
+    tt.save(TensorDict({"x": leaf}, [1]), tmp_path / "td.pt")
+    assert tt.load(tmp_path / "td.pt")["x"].tolist() == [0]
+
+
+def test_existsok_keeps_a_directory_with_other_files(tmp_path):
+    prefix = tmp_path / "mm"
+    TensorDict({"x": torch.zeros(2)}, [2]).memmap(prefix)
+    (prefix / "notes.txt").write_text("mine")
+    with pytest.raises(MemmapError, match="not a memmap directory that tdtree wrote"):
+        TensorDict({"x": torch.ones(2)}, [2]).memmap(prefix, existsok=True)
+    assert (prefix / "notes.txt").read_text() == "mine"
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / META).write_text("{}")
+    with pytest.raises(MemmapError, match="not a memmap directory that tdtree wrote"):
+        TensorDict({"x": torch.ones(2)}, [2]).memmap(foreign, existsok=True)
+    assert (foreign / META).read_text() == "{}"
+
+
+def test_symlinks_are_never_followed(tmp_path):
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(bytes(range(8)))
+    prefix = tmp_path / "mm"
+    TensorDict({"x": torch.zeros(8, dtype=torch.uint8)}, [8]).memmap(prefix)
+    os.unlink(prefix / leaf_name(0))
+    os.symlink(outside, prefix / leaf_name(0))
+    with pytest.raises(MemmapError, match="leaf-000000.bin is a symlink"):
+        tt.load_memmap(prefix)
+    assert outside.read_bytes() == bytes(range(8))
+    other = tmp_path / "other"
+    TensorDict({"x": torch.zeros(8, dtype=torch.uint8)}, [8]).memmap(other)
+    os.symlink(other, tmp_path / "link")
+    with pytest.raises(MemmapError, match="link is a symlink"):
+        tt.load_memmap(tmp_path / "link")
+    os.replace(other / META, tmp_path / "meta-outside.json")
+    os.symlink(tmp_path / "meta-outside.json", other / META)
+    with pytest.raises(MemmapError, match="meta.json is a symlink"):
+        tt.load_memmap(other)
+
+
+def test_hostile_metadata_refused_quickly(tmp_path):
+    prefix = tmp_path / "mm"
+    TensorDict({"x": torch.zeros(2)}, [2]).memmap(prefix)
+    os.unlink(prefix / META)
+    os.mkfifo(prefix / META)
+    with pytest.raises(MemmapError, match="meta.json is not a regular file"):
+        tt.load_memmap(prefix)
+    os.unlink(prefix / META)
+    doc = {"format": "tdtree-memmap", "version": 1, "type": "tdtree.TensorDict", "tags": ["Locked", "Memmap"],
+           "tree": {"batch_size": [], "device": "cpu", "entries": [["x", {"leaf": 0, "dtype": "float32", "shape": [2**63]}]]}}
+    (prefix / META).write_text(json.dumps(doc))
+    with pytest.raises(MemmapError, match=r"meta.json.*\[9223372036854775808\]"):
+        tt.load_memmap(prefix)
+
+
+def test_mode_r_refuses_writes_mode_c_keeps_them_private(tmp_path):
+    prefix = tmp_path / "mm"
+    TensorDict({"x": torch.zeros(3)}, [3]).memmap(prefix)
+    ro = tt.load_memmap(prefix, mode="r")
+    for write in (lambda t: t.update_({"x": 1.0}), lambda t: t.zero_(), lambda t: t.at[0].set_(1.0),
+                  lambda t: t.fill_("x", 1.0), lambda t: t[1:].copy_(t[1:].unlock().clone())):
+        with pytest.raises(tt.WriteError, match="read-only: it is mapped from .*mode='r'"):
+            write(ro)
+    cow = tt.load_memmap(prefix, mode="c")
+    cow.update_({"x": 5.0})
+    assert cow["x"].tolist() == [5.0] * 3 and tt.load_memmap(prefix)["x"].tolist() == [0.0] * 3
+
+
+def test_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        TensorDict({"x": torch.zeros(2)}, [2]).memmap(tmp_path / "mm")
+        tt.save(TensorDict({"x": torch.zeros(2)}, [2]), tmp_path / "td.pt")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "mm").st_mode & 0o777 == 0o755
+    assert os.stat(tmp_path / "td.pt").st_mode & 0o777 == 0o644
+
+
+def test_stale_temporary_directory_removed_by_next_write(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".mm.{int(dead.stdout)}.abcdef.tmp"
+    stale.mkdir()
+    TensorDict({"x": torch.zeros(2)}, [2]).memmap(tmp_path / "mm")
+    assert not stale.exists()
+
+
+def test_mapped_leaves_hold_no_file_descriptors(tmp_path):
+    written = TensorDict({f"k{i}": torch.full((3,), float(i)) for i in range(50)}, [3]).memmap(tmp_path / "mm")
+    fds = open_fds()
+    shared, private = tt.load_memmap(tmp_path / "mm"), tt.load_memmap(tmp_path / "mm", mode="c")
+    assert open_fds() == fds  # a descriptor per leaf would run out on large nodes
+    assert_equal(shared, written)
+    assert_equal(private, written)

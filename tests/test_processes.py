@@ -46,7 +46,8 @@ def _inspect(td: tt.TensorDict, out: mp.Queue, go: mp.Event) -> None:
 
 def _write_rows(td: tt.TensorDict, row: int) -> None:
     for step in range(STEPS):
-        td.at[row, step].set_(step + 1)
+        # an int is not written into the bool "done" (update_'s casting rule): the other leaves take it
+        td.exclude("done").at[row, step].set_(step + 1)
     td[row].fill_("done", True)
 
 

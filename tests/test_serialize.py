@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import zipfile
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import tdtree as tt
 from tdtree import Locked, TensorDict
 from tdtree.errors import SerializationError
 from tdtree.testing import assert_equal
+from tdtree._pickle import rebuild_node
 
 
 def nested() -> TensorDict:
@@ -246,3 +248,94 @@ def test_description_that_is_not_json(tmp_path):
     torch.save({"tdtree": "{nope", "packed": torch.zeros(0, dtype=torch.uint8), "tensors": []}, tmp_path / "td.pt")
     with pytest.raises(SerializationError, match=r"corrupt tdtree save file .*td.pt: its description is not JSON"):
         tt.load(tmp_path / "td.pt")
+
+
+# -- issue 19: loading is validation ----------------------------------------------------------------
+
+
+def _payload(tmp_path, **tensors):
+    td = TensorDict({"a": torch.zeros(4), "b": torch.ones(4)}, [4])
+    tt.save(td, tmp_path / "td.pt")
+    payload = torch.load(tmp_path / "td.pt", weights_only=True)
+    doc = json.loads(payload["tdtree"])
+    doc["packed"] = []
+    payload["tdtree"] = json.dumps(doc)
+    payload["packed"] = torch.zeros(0, dtype=torch.uint8)
+    payload["tensors"] = [tensors["a"], tensors["b"]]
+    torch.save(payload, tmp_path / "bad.pt")
+    return tmp_path / "bad.pt"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["shared_storage", "stride0", "parameter", "sparse", "view"],
+)
+def test_hand_built_leaves_refused(tmp_path, case):
+    b = torch.ones(4)
+    a = {
+        "shared_storage": None,
+        "stride0": torch.zeros(1).expand(4),
+        "parameter": torch.nn.Parameter(torch.zeros(4)),
+        "sparse": torch.zeros(4).to_sparse(),
+        "view": torch.zeros(8)[::2],
+    }[case]
+    if case == "shared_storage":  # two compact-looking leaves over one storage
+        a = torch.empty(0).set_(b.untyped_storage(), 0, (4,), (1,))
+    path = _payload(tmp_path, a=a, b=b)
+    with pytest.raises(SerializationError, match=r"bad.pt"):
+        tt.load(path)
+
+
+def test_compressed_record_refused(tmp_path):
+    tt.save(TensorDict({"a": torch.zeros(4)}, [4]), tmp_path / "td.pt")
+    with zipfile.ZipFile(tmp_path / "td.pt") as src, zipfile.ZipFile(tmp_path / "bomb.pt", "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    with pytest.raises(SerializationError, match=r"bomb.pt: its record .* is compressed"):
+        tt.load(tmp_path / "bomb.pt")
+
+
+def test_fifo_and_devices_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo.pt")
+    with pytest.raises(SerializationError, match="fifo.pt is not a regular file"):
+        tt.load(tmp_path / "fifo.pt")
+    os.symlink("/dev/zero", tmp_path / "zero.pt")
+    with pytest.raises(SerializationError, match="zero.pt is not a regular file"):
+        tt.load(tmp_path / "zero.pt")
+
+
+class _Crafted:
+    def __init__(self, args):
+        self.args = args
+
+    def __reduce__(self):
+        return rebuild_node, self.args
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("tdtree.TensorDict", ("a", "b", "c"), (torch.zeros(5), torch.zeros(5)), (100,), None, ()),
+        ("tdtree.TensorDict", ("b", "a"), (torch.zeros(5), torch.zeros(5)), (5,), None, ()),
+        ("tdtree.TensorDict", ("a",), (torch.zeros(5),), (100,), None, ()),
+        ("tdtree.TensorDict", ("a",), (torch.zeros(5),), (5,), None, ("Bogus",)),
+    ],
+)
+def test_weights_only_reconstruction_validates(tmp_path, args):
+    torch.save(_Crafted(args), tmp_path / "crafted.pt")
+    with pytest.raises(SerializationError, match="cannot unpickle"):
+        torch.load(tmp_path / "crafted.pt", weights_only=True)
+
+
+def test_leaf_aliasing_the_packed_buffer_refused(tmp_path):
+    tt.save(TensorDict({"a": torch.zeros(4), "b": torch.ones(4, dtype=torch.uint8)}, [4]), tmp_path / "td.pt")
+    payload = torch.load(tmp_path / "td.pt", weights_only=True)
+    doc = json.loads(payload["tdtree"])
+    doc["packed"] = [0]  # "b" moves out of the buffer, as a view of it
+    payload["tdtree"] = json.dumps(doc)
+    buffer = payload["packed"]
+    payload["tensors"] = [torch.empty(0, dtype=torch.uint8).set_(buffer.untyped_storage(), 16, (4,), (1,))]
+    payload["packed"] = buffer[:16]
+    torch.save(payload, tmp_path / "alias.pt")
+    with pytest.raises(SerializationError, match=r"alias.pt: leaf 'b' .*(shares its storage|not a compact)"):
+        tt.load(tmp_path / "alias.pt")
