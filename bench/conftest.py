@@ -1,7 +1,8 @@
 """Parametrize every bench case over the implementations and label its results.
 
 A case takes the ``impl`` fixture and is run for ``tdtree`` and ``tensordict``;
-cases marked ``pytree`` also run on plain dicts with optree. ``--impls`` narrows
+cases marked ``pytree`` also run on plain dicts with optree, and cases marked
+``no_tensordict`` (an operation tensordict lacks) have no tensordict row. ``--impls`` narrows
 the set (``bench.compare`` runs tdtree alone). Each result carries
 ``extra_info = {"case": ..., "impl": ...}`` and the case as its group, so the
 report and the terminal table put the implementations of one case together.
@@ -56,6 +57,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pytree: the case also runs on plain dicts with optree")
     config.addinivalue_line("markers", "quick: part of the representative subset run by make bench-quick")
+    config.addinivalue_line("markers", "no_tensordict: tensordict has no counterpart, so the case has no tensordict row")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -68,6 +70,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = [n for n in ALL if n in wanted]
     if metafunc.definition.get_closest_marker("pytree") is None:
         names = [n for n in names if n != "pytree"]
+    if metafunc.definition.get_closest_marker("no_tensordict") is not None:
+        names = [n for n in names if n != "tensordict"]
     params = []
     for name in names:
         marks = []

@@ -508,11 +508,10 @@ def _mlp_params(impl: Impl, members: int | None = None) -> tuple[Any, Any]:
 
 @torch.no_grad()
 @pytest.mark.pytree
+@pytest.mark.no_tensordict  # it has no functional optimiser
 def test_adam_step(benchmark, impl: Impl) -> None:
     """One Adam step over the MLP's 8 parameters, eager. tdtree: ``tdtree.optim.adam`` (foreach
     kernels over the flat leaves); pytree: the same step as ``optree.tree_map`` of torch ops."""
-    if impl.name == "tensordict":
-        pytest.skip("tensordict has no functional optimiser")
     params, grads = _mlp_params(impl)
     if impl.name == "tdtree":
         state = optim.adam_init(params)
@@ -525,12 +524,11 @@ def test_adam_step(benchmark, impl: Impl) -> None:
 
 @torch.no_grad()
 @pytest.mark.pytree
+@pytest.mark.no_tensordict  # it has no functional optimiser
 def test_vmap_ensemble_adam_step(benchmark, impl: Impl) -> None:
     """One Adam step per member of an ensemble of 5 MLPs, inside vmap. tdtree: ``tdtree.vmap`` of
     ``tdtree.optim.adam`` over nodes of batch size [5] (per-leaf ops replace its foreach kernels
     inside the transform); pytree: ``torch.func.vmap`` of the same step over dicts of stacked leaves."""
-    if impl.name == "tensordict":
-        pytest.skip("tensordict has no functional optimiser")
     params, grads = _mlp_params(impl, members=5)
     if impl.name == "tdtree":
         state = tdtree.vmap(optim.adam_init)(params)
