@@ -60,7 +60,9 @@ def _sgd(params: Any, grads: Any, buf: Any, lr: float, momentum: float) -> tuple
         return unflatten(spec, foreach(torch._foreach_add)(ps, gs, alpha=-lr)), None
     bs: Any
     if buf is None:
-        bs = list(gs)
+        # a copy, as torch.optim.SGD's first buffer is: the state must not be the caller's gradients
+        # (a later in-place write to them would change it, and inside grad they are still recorded)
+        bs = [g.clone() for g in gs]
     else:
         bs = foreach(torch._foreach_mul)(_leaves_like(ps, buf, "momentum_state"), momentum)
         bs = foreach(torch._foreach_add_, fresh=True)(bs, gs)

@@ -161,3 +161,14 @@ def test_structure_mismatch_errors() -> None:
         adam(p, g, AdamState(torch.zeros(()), g.exclude("w"), g))
     with pytest.raises(ValueError, match=r"momentum_state has 3 leaves for 2 parameters"):
         sgd(p, g, 0.1, momentum=0.9, momentum_state=g.set("extra", torch.zeros(())))
+
+
+def test_sgd_first_momentum_buffer_is_a_copy_of_the_gradients() -> None:
+    p = tt.TensorDict({"w": torch.ones(3), "n": {"b": torch.zeros(2)}})
+    g = tt.TensorDict({"w": torch.full((3,), 2.0), "n": {"b": torch.ones(2)}})
+    _, buf = sgd(p, g, 0.1, momentum=0.9)
+    torch.testing.assert_close(buf.to_dict(), g.to_dict())
+    for key in (("w",), ("n", "b")):
+        assert buf[key].data_ptr() != g[key].data_ptr()
+    g.update_({"w": torch.zeros(3)})  # the caller reuses its gradient buffer
+    torch.testing.assert_close(buf["w"], torch.full((3,), 2.0))
