@@ -137,7 +137,10 @@ def _removed(unit: Any, dim: int, it: Any) -> Any:
     if not _is_unit(unit):
         return next(it)
     batch_size = _node_of(unit)._meta[1]
-    return _rebuilt(unit, lambda _: next(it), torch.Size((*batch_size[:dim], *batch_size[dim + 1 :])))
+    inner = _rebuilt(unit, lambda _: next(it), torch.Size((*batch_size[:dim], *batch_size[dim + 1 :])))
+    # the rule, with the argument as the input: the batched leaves wrap the argument's own storages,
+    # so a tagged argument reaches the function with its tags (a Locked one refuses edits there too)
+    return decide(inner, (unit,))
 
 
 def _inserted(path: tuple[Any, ...], unit: Any, dim: int, size: int, it: Any) -> Any:

@@ -451,3 +451,24 @@ def test_tdtree_vmap_applies_the_tag_rule(tag: str) -> None:
     assert type(kept)._tags == tags and type(fresh) is tt.TensorDict
     # an untagged input never gains tags, whatever the function does to its copy
     assert type(tt.vmap(lambda q: q)(_node(_dict(), (N,)))) is tt.TensorDict
+
+
+def test_tdtree_vmap_hands_a_tagged_argument_over_with_its_tags() -> None:
+    """The batched leaves wrap the argument's own storages, so by the rule the function gets the
+    argument's tags: a Locked node refuses a functional edit inside as outside, and claims stay true."""
+    td = tt.TensorDict({"a": torch.zeros(3, 2), "n": {"b": torch.ones(3)}}, [3]).share_memory()
+    seen = []
+
+    def f(q: tt.TensorDict) -> tt.TensorDict:
+        seen.append((q.tags, q["n"].tags))
+        with pytest.raises(tt.LockedError):
+            q.set("a", q["a"] * 2)
+        return q.unlock().set("a", q["a"] * 2)
+
+    out = tt.vmap(f)(td)
+    assert seen == [(frozenset({tt.Locked, tt.Shared}),) * 2]
+    assert out.tags == frozenset()  # a new tensor at "a"
+    torch.testing.assert_close(out["a"], torch.zeros(3, 2))
+    plain = tt.TensorDict({"a": torch.zeros(3, 2)}, [3])
+    tt.vmap(lambda q: seen.append(q.tags) or q)(plain)
+    assert seen[-1] == frozenset()
