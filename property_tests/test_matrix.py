@@ -305,6 +305,24 @@ def _compile_rows(rows: list[Row], case: Case, backend: str) -> tuple[Any, ...]:
     return torch.compile(batch, fullgraph=True, backend=backend)(case.x)
 
 
+def _compile_group(rows: list[Row], case: Case, backend: str, results: dict[str, Any]) -> None:
+    """Each row's compiled result, or the exception its own compilation raises, into ``results``.
+
+    All rows are traced at once; a failing group is split in chunks of about 8 rows, and only
+    a failing chunk is compiled row by row, so a few failures cost a few small traces.
+    """
+    try:
+        results.update(zip((r.name for r in rows), _compile_rows(rows, case, backend)))
+        return
+    except Exception as e:
+        if len(rows) == 1:
+            results[rows[0].name] = e
+            return
+    size = 1 if len(rows) <= 8 else 8
+    for i in range(0, len(rows), size):
+        _compile_group(rows[i : i + size], case, backend, results)
+
+
 def _compiled(kind: str, context: str, newdir: Callable[[], str]) -> tuple[Case, dict[str, Any], Any]:
     """The fixed case of ``kind``, each row's compiled result (or the exception) and the input snapshot."""
     key = (kind, context)
@@ -313,14 +331,7 @@ def _compiled(kind: str, context: str, newdir: Callable[[], str]) -> tuple[Case,
         before = _snapshot(case.x)
         rows = [r for r, c, k in CELLS if c == context and k == kind]
         results: dict[str, Any] = {}
-        try:
-            results = dict(zip((r.name for r in rows), _compile_rows(rows, case, COMPILED[context])))
-        except Exception:
-            for r in rows:  # name the failing rows
-                try:
-                    results[r.name] = _compile_rows([r], case, COMPILED[context])[0]
-                except Exception as e:
-                    results[r.name] = e
+        _compile_group(rows, case, COMPILED[context], results)
         _COMPILED[key] = case, results, before
     return _COMPILED[key]
 
