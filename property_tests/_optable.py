@@ -238,6 +238,9 @@ ROWS: list[Row] = [
     # tags
     Row("lock", lambda x: x.lock(), tmap(lambda t: t), tags=lambda t: t | LOCKED),
     Row("unlock", lambda x: x.unlock(), tmap(lambda t: t), tags=lambda t: t - LOCKED),
+    # the rule after a lock, inside transforms too (through functorch wrappers): a view keeps, a copy drops
+    Row("lock_view", lambda x: x.lock().apply(lambda t: t.view(t.shape)), tmap(lambda t: t), tags=lambda t: t | LOCKED),
+    Row("lock_clone", lambda x: x.lock().clone(), tmap(torch.clone), tags=lambda t: frozenset()),
     # in-place writers, on a locked clone
     Row("update_", lambda x: x.clone().lock().update_({"b": -x["b"]}), lambda d, bs: merge(tmap(torch.clone)(d, bs), b=-d["b"]),
         tc=lambda x: x.clone().lock().update_({"b": -x.b}), tags=lambda t: LOCKED),
