@@ -265,6 +265,9 @@ def run_context(row: Row, context: str, case: Case) -> tuple[Any, Any, Callable[
         out = checked_call(row, x, case.tags, where)
         return out, row.plain(d, bs), lambda o: None  # checked inside checked_call
     if context == "tt_vmap":
+        # tdtree.vmap builds the nodes it hands the function from its arguments' leaves, seen through
+        # the batching wrappers: by the rule (tdtree's own functions apply it, DESIGN 3.1) they keep
+        # the argument's tags, so an editor on a Locked node refuses inside as it does outside
         out = tt.vmap(on_node(case.tags))(x)
         return out, torch.func.vmap(lambda d: row.plain(d, bs[1:]))(d), ruled
     if context == "vmap":
