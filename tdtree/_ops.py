@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from ._base import Node, NodeT
+from ._base import Holder, Node, NodeT
 from ._foreach import foreach
 from ._maps import flat, paired_leaves, rebuild, unflat
 from ._tags import tag_rule
@@ -168,13 +168,19 @@ def where(condition: Node | torch.Tensor, input: Any, other: Any) -> TensorDict:
     """``torch.where(condition, input, other)`` leaf by leaf.
 
     Each of the three is a node (paired by key), a tensor (aligned with the
-    batch dims) or a number; at least one is a node. The result has the
-    structure of the first node among ``input``, ``other``, ``condition``.
+    batch dims) or a number; at least one is a node or a tensorclass. The
+    result has the structure of the first of them among ``input``, ``other``,
+    ``condition`` (an instance of its class when that is a tensorclass, whose
+    tensorclass operands then compute through their inner nodes).
     Returns a new node; tags dropped (new storage).
     """
-    base = next((x for x in (input, other, condition) if isinstance(x, Node)), None)
+    first = next((x for x in (input, other, condition) if isinstance(x, (Node, Holder))), None)
+    if isinstance(first, Holder):  # a tensorclass: its inner node computes, the result is rewrapped
+        out = where(*(x._td if isinstance(x, Holder) else x for x in (condition, input, other)))
+        return first._wrap(out)
+    base = first
     if base is None:
-        raise TypeError("tdtree.where needs a node among its arguments; for tensors use torch.where")
+        raise TypeError("tdtree.where needs a node or tensorclass among its arguments; for tensors use torch.where")
     leaves, spec = flat(base)
     parts = []
     for arg in (condition, input, other):

@@ -207,11 +207,31 @@ class RecordOps(Holder):
     def __pow__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__pow__(_unwrap(other)))
 
+    def __rpow__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rpow__(_unwrap(other)))
+
+    def __floordiv__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__floordiv__(_unwrap(other)))
+
+    def __rfloordiv__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rfloordiv__(_unwrap(other)))
+
+    def __mod__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__mod__(_unwrap(other)))
+
+    def __rmod__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rmod__(_unwrap(other)))
+
     def __neg__(self) -> Self:
         return self._wrap(self._td.__neg__())
 
     def __abs__(self) -> Self:
         return self._wrap(self._td.__abs__())
+
+    def named_apply(self, fn: Callable[..., torch.Tensor], *others: Any, batch_size: Any = None) -> Self:
+        """``fn(key, leaf, *others' leaves)`` at every leaf, key as in the inner node's
+        ``keys(include_nested=True)``; tags by the rule."""
+        return self._wrap(self._td.named_apply(fn, *map(_unwrap, others), batch_size=batch_size))
 
     # Comparisons return instances of bools, as the node's do; hashing stays by identity.
     __hash__ = object.__hash__
@@ -234,6 +254,12 @@ class RecordOps(Holder):
     def __ge__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__ge__(_unwrap(other)))
 
+    def neg(self) -> Self:
+        return self._wrap(self._td.neg())
+
+    def abs(self) -> Self:
+        return self._wrap(self._td.abs())
+
     def exp(self) -> Self:
         return self._wrap(self._td.exp())
 
@@ -242,6 +268,15 @@ class RecordOps(Holder):
 
     def sqrt(self) -> Self:
         return self._wrap(self._td.sqrt())
+
+    def sigmoid(self) -> Self:
+        return self._wrap(self._td.sigmoid())
+
+    def tanh(self) -> Self:
+        return self._wrap(self._td.tanh())
+
+    def sign(self) -> Self:
+        return self._wrap(self._td.sign())
 
     def clamp(self, min: Any = None, max: Any = None) -> Self:  # noqa: A002
         return self._wrap(self._td.clamp(min, max))
@@ -257,6 +292,14 @@ class RecordOps(Holder):
     def mean(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
         """Means over batch dims ``dim`` (None: all); drops tags."""
         return self._wrap(self._td.mean(dim, keepdim))
+
+    def amax(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
+        """Maxima over batch dims ``dim`` (None: all); drops tags."""
+        return self._wrap(self._td.amax(dim, keepdim))
+
+    def amin(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
+        """Minima over batch dims ``dim`` (None: all); drops tags."""
+        return self._wrap(self._td.amin(dim, keepdim))
 
     def all(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
         """No dim: one 0-dim bool tensor; with dim: an instance of bools."""
@@ -310,6 +353,17 @@ class RecordOps(Holder):
         self._td.zero_()
         return self
 
+    def update_(self, other: Any) -> Self:
+        """This instance, after writing ``other``'s values (an instance, a node or a mapping of
+        fields) into the existing leaves; checked completely before the first write."""
+        self._td.update_(_unwrap(other))
+        return self
+
+    def fill_(self, key: Any, value: Any) -> Self:
+        """This instance, after filling the field (or every leaf of the nested field) ``key`` with ``value``."""
+        self._td.fill_(key, value)
+        return self
+
     def copy_(self, other: Any) -> Self:
         """This instance, after copying every leaf of ``other`` (an instance or node with the same keys) in."""
         self._td.copy_(_unwrap(other))
@@ -335,6 +389,9 @@ class RecordOps(Holder):
 
     def half(self) -> Self:
         return self._wrap(self._td.half())
+
+    def bfloat16(self) -> Self:
+        return self._wrap(self._td.bfloat16())
 
     def long(self) -> Self:
         return self._wrap(self._td.long())

@@ -279,7 +279,7 @@ def test_where_scalars_take_structure_of_condition():
 
 
 def test_where_errors():
-    with pytest.raises(TypeError, match="needs a node among its arguments"):
+    with pytest.raises(TypeError, match="needs a node or tensorclass among its arguments"):
         tt.where(torch.tensor(True), 1.0, 0.0)
     with pytest.raises(TypeError, match="where takes nodes, tensors or numbers, got str"):
         tt.where(nested() > 0, nested(), "x")

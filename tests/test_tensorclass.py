@@ -595,3 +595,42 @@ def test_typed_example_runs(capsys):
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "typed_tensorclass.py")
     runpy.run_path(path, run_name="__main__")
     assert "Phase.EVAL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("name", "on_instance", "on_node"),
+    [
+        ("floordiv", lambda o: o // 0.3, lambda td: td // 0.3),
+        ("rfloordiv", lambda o: 2.0 // (o.abs() + 1), lambda td: 2.0 // (td.abs() + 1)),
+        ("mod", lambda o: o % 0.3, lambda td: td % 0.3),
+        ("rmod", lambda o: 2.0 % (o.abs() + 1), lambda td: 2.0 % (td.abs() + 1)),
+        ("rpow", lambda o: 2.0**o, lambda td: 2.0**td),
+        ("neg", lambda o: o.neg(), lambda td: td.neg()),
+        ("abs", lambda o: o.abs(), lambda td: td.abs()),
+        ("sigmoid", lambda o: o.sigmoid(), lambda td: td.sigmoid()),
+        ("tanh", lambda o: o.tanh(), lambda td: td.tanh()),
+        ("sign", lambda o: o.sign(), lambda td: td.sign()),
+        ("amax", lambda o: o.amax(0), lambda td: td.amax(0)),
+        ("amin", lambda o: o.amin(), lambda td: td.amin()),
+        ("bfloat16", lambda o: o.bfloat16(), lambda td: td.bfloat16()),
+        ("named_apply", lambda o: o.named_apply(lambda k, x: x * len(k)), lambda td: td.named_apply(lambda k, x: x * len(k))),
+        ("where", lambda o: tt.where(o > 0, o, -o), lambda td: tt.where(td > 0, td, -td)),
+    ],
+)
+def test_tensorclass_operations_match_the_inner_node(name: str, on_instance: Any, on_node: Any) -> None:
+    obs = make_obs()
+    out = on_instance(obs)
+    assert type(out) is Obs and statics(out) == statics(obs)
+    assert_equal(out.to_tensordict(), on_node(obs.to_tensordict()))
+
+
+def test_tensorclass_update_and_fill_write_in_place() -> None:
+    obs = make_obs().clone().lock()
+    same = obs.update_({"x": torch.ones(4, 3)}).fill_(("inner", "y"), 2.0)
+    assert same is obs and obs.is_locked
+    torch.testing.assert_close(obs.x, torch.ones(4, 3))
+    torch.testing.assert_close(obs.inner.y, torch.full((4, 2), 2.0))
+    before = obs.x.clone()
+    with pytest.raises(tt.errors.WriteError):
+        obs.update_({"x": torch.ones(4, 3), "inner": {"y": torch.ones(4, 2, dtype=torch.complex64)}})
+    torch.testing.assert_close(obs.x, before)  # refused as a whole
