@@ -19,7 +19,7 @@ from ._ops import where as where
 from .errors import WriteError as WriteError
 
 # memmap and serialization (issue 5)
-from ._memmap import load_memmap as load_memmap
+from ._tcrecord import load_memmap as load_memmap
 from ._serialize import load as load
 from ._serialize import save as save
 

@@ -60,13 +60,9 @@ class Node:
         super().__init_subclass__(**kwargs)
         if "_tags" in cls.__dict__:
             TAGGED_TYPES.add(cls)
-            return  # a tagged variant, made and registered by _tags.tagged_type
+            return  # a tagged variant, made and registered by _pytree.tagged_type
         UNTAGGED_TYPES.add(cls)
-        cls._root = cls
-        from . import _pickle, _pytree
-
-        _pytree.register(cls)
-        _pickle.register_root(cls)
+        cls._root = cls  # a root type: the module defining it registers it (_pytree.register)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise TypeError(

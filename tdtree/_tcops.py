@@ -17,8 +17,9 @@ import torch
 
 from . import _combine
 from ._base import Holder, Node
+from ._memmap import memmap
 from ._tags import Locked, Memmap, Shared, Tag
-from .errors import LockedError
+from ._tclayout import layout, record
 
 if TYPE_CHECKING:
     from ._node import TensorDict
@@ -95,20 +96,6 @@ class RecordOps(Holder):
         static fields are not in it."""
         return self._td
 
-    def replace(self, **fields: Any) -> Self:
-        """A new instance with ``fields`` replaced, checked as in the constructor; the other fields
-        shared. Tags by the rule (kept when every leaf is one this instance had).
-
-        Raises:
-            LockedError: the instance is ``Locked`` (write in place with ``copy_`` or ``unlock()``).
-            FieldError: an unknown field, or a value of the wrong type.
-            BatchSizeError: a new value does not start with the batch size.
-        """
-        if Locked in self._td._meta[3]:
-            raise LockedError("replace")
-        from ._tensorclass import replaced
-
-        return replaced(self, fields)
 
     def __bool__(self) -> bool:
         raise RuntimeError(
@@ -290,10 +277,6 @@ class RecordOps(Holder):
         """An equal instance with leaves mapped from files under ``prefix``, tagged ``{Memmap, Locked}``.
         The directory records the class and static fields: ``tdtree.load_memmap(prefix)`` gives this
         class back (only a tensorclass made in this process is accepted; nothing is imported)."""
-        from ._memmap import memmap
-        from ._tcrecord import record
-        from ._tensorclass import layout
-
         out = memmap(self._td, prefix, existsok, record=record(layout(self)))
         return self._wrap(out)
 
@@ -355,8 +338,6 @@ T = TypeVar("T", bound="Node | RecordOps")
 def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int) -> Any:
     if not isinstance(items, (list, tuple)) or not items or not isinstance(items[0], RecordOps):
         return fn(items, dim)
-    from ._tensorclass import layout
-
     first = items[0]
     shape = layout(first)
     for i, item in enumerate(items):

@@ -33,13 +33,15 @@ import torch
 
 from ._base import Node, make, sorted_data
 from ._node import TensorDict
-from ._tags import tag_rule
+from ._tags import Locked, tag_rule
+from ._tclayout import Layout, layout
 from ._tcops import RecordOps
 from ._tcpytree import register, rewrap
+from ._tcrepr import record_repr
 from ._validate import CPU, NO_BATCH, as_batch_size, as_device, build
-from .errors import BatchSizeError, FieldError
+from .errors import BatchSizeError, FieldError, LockedError
 
-__all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "layout", "from_layout"]
+__all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "from_layout"]
 
 STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
 _DATA = (torch.Tensor, Node)
@@ -64,7 +66,6 @@ class TensorClassMeta(type):
     _fields: tuple[str, ...]
     _fieldset: frozenset[str]
     _defaults: dict[str, Any]
-    _path: str
 
     def __new__(mcls, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kwargs: Any) -> TensorClassMeta:
         inherited: list[str] = []
@@ -423,14 +424,6 @@ def _tensorclass_in(hint: Any) -> Any:
 
 # -- layouts: what a tensorclass adds to its inner node (pickle and memmap) -------------------
 
-Layout = tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]
-
-
-def layout(tc: Any) -> Layout:
-    """``(class, static pairs, ((field, nested layout), ...))``: with the inner node, the whole instance."""
-    nested = tuple((k, layout(v)) for k in type(tc)._fields if isinstance(v := getattr(tc, k), TensorClass))
-    return type(tc), tc._static, nested
-
 
 def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) -> Any:
     """The instance described by ``lay`` around ``td``; ``error(reason)`` makes the exception for a
@@ -527,9 +520,20 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
         return _unpickle, (layout(self), self._td)
 
     def __repr__(self) -> str:
-        from ._tcrepr import record_repr
-
         return record_repr(self)
+
+    def replace(self, **fields: Any) -> typing.Self:
+        """A new instance with ``fields`` replaced, checked as in the constructor; the other fields
+        shared. Tags by the rule (kept when every leaf is one this instance had).
+
+        Raises:
+            LockedError: the instance is ``Locked`` (write in place with ``copy_`` or ``unlock()``).
+            FieldError: an unknown field, or a value of the wrong type.
+            BatchSizeError: a new value does not start with the batch size.
+        """
+        if Locked in self._td._meta[3]:
+            raise LockedError("replace")
+        return replaced(self, fields)  # type: ignore[no-any-return]
 
     def _wrap(self, out: TensorDict) -> typing.Self:
         return rewrap(self, out)  # type: ignore[no-any-return]

@@ -42,7 +42,8 @@ from ._keys import display
 from ._memmap import _ORIGIN
 from ._node import TensorDict
 from ._tags import Locked, Memmap, Shared, retag
-from ._tensorclass import Layout, TensorClass, _hints, _tensorclass_in, from_layout, layout
+from ._tclayout import Layout, layout
+from ._tensorclass import TensorClass, _hints, _tensorclass_in, from_layout
 from ._validate import as_batch_size, build
 from .errors import FieldError
 
@@ -51,7 +52,7 @@ __all__ = ["from_tensordict", "to_tensordict"]
 
 def _require(what: str) -> ModuleType:
     try:
-        import tensordict
+        import tensordict  # an optional dependency, imported by the functions that need it
     except ImportError as err:
         raise ImportError(
             f"tdtree.{what} needs the optional tensordict package: pip install tensordict"
