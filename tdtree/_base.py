@@ -33,7 +33,6 @@ from torch.compiler import substitute_in_graph
 
 __all__ = [
     "Node", "NodeT", "Holder", "NO_TAGS", "UNTAGGED_TYPES", "TAGGED_TYPES", "make", "from_meta", "with_meta", "make_tagged", "fill", "sorted_data",
-    "leaf_or_node",
 ]
 
 NO_TAGS: frozenset = frozenset()
@@ -180,7 +179,3 @@ def sorted_data(data: dict[str, Any]) -> dict[str, Any]:
     if keys == sorted(keys):
         return data
     return {k: data[k] for k in sorted(keys)}
-
-
-def leaf_or_node(value: object) -> bool:
-    return isinstance(value, (torch.Tensor, Node))

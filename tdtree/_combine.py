@@ -34,8 +34,8 @@ def _check_nodes(what: str, nodes: Sequence[Node]) -> None:
 def _columns(what: str, nodes: Sequence[Node], skip: int | None) -> list[list[torch.Tensor]]:
     """The leaves of every node, paired by key with the first node's."""
     first = nodes[0]
-    leaves, spec = flat(first)
-    return [leaves, *(paired_leaves(what, first, spec, node, skip) for node in nodes[1:])]
+    leaves, _ = flat(first)
+    return [leaves, *(paired_leaves(what, first, node, skip) for node in nodes[1:])]
 
 
 @tag_rule

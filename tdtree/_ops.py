@@ -72,12 +72,12 @@ def _aligned(what: str, node: Node, leaves: list[torch.Tensor], t: torch.Tensor)
     return out
 
 
-def _operands(what: str, node: Node, spec: Node, leaves: list[Any], other: Any) -> Any:
+def _operands(what: str, node: Node, leaves: list[Any], other: Any) -> Any:
     """``other`` as a per-leaf list (nodes, tensors), as is (scalars), or NotImplemented."""
     if type(other) is int or type(other) is float:
         return other
     if isinstance(other, Node):
-        return paired_leaves(what, node, spec, other)
+        return paired_leaves(what, node, other)
     if isinstance(other, torch.Tensor):
         return _aligned(what, node, leaves, other)
     if isinstance(other, _SCALARS):
@@ -90,7 +90,7 @@ def _binary(
 ) -> Callable[[Node, Any], Any]:
     def fn(node: Node, other: Any) -> Any:
         leaves, spec = flat(node)
-        rhs = _operands(name, node, spec, leaves, other)
+        rhs = _operands(name, node, leaves, other)
         if rhs is NotImplemented:
             return NotImplemented
         if not leaves:
@@ -178,7 +178,7 @@ def where(condition: Node | torch.Tensor, input: Any, other: Any) -> TensorDict:
     leaves, spec = flat(base)
     parts = []
     for arg in (condition, input, other):
-        part = _operands("where", base, spec, leaves, arg)
+        part = _operands("where", base, leaves, arg)
         if part is NotImplemented:
             raise TypeError(f"where takes nodes, tensors or numbers, got {type(arg).__name__}")
         parts.append(part if type(part) is list else [part] * len(leaves))

@@ -33,11 +33,11 @@ import torch
 
 from ._base import Node, make, sorted_data
 from ._node import TensorDict
+from ._repr import record_repr
 from ._tags import Locked, tag_rule
 from ._tclayout import Layout, layout
 from ._tcops import RecordOps
 from ._tcpytree import register, rewrap
-from ._tcrepr import record_repr
 from ._validate import CPU, NO_BATCH, as_batch_size, as_device, build
 from .errors import BatchSizeError, FieldError, LockedError
 

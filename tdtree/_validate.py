@@ -17,7 +17,7 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
+__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device", "common_device"]
 
 
 _Size = torch.Size  # a module global: ``torch.Size`` is an attribute read off the torch module on every use
@@ -164,7 +164,9 @@ def _has_leaves(node: Node) -> bool:
     return any(not isinstance(v, Node) or _has_leaves(v) for v in node._data.values())
 
 
-def _common_device(values: Any) -> torch.device | None:
+def common_device(values: Any) -> torch.device | None:
+    """The device every one of ``values`` (tensors and nodes) is on, else None. A sub-node without a
+    device holding no leaves does not count; one holding leaves has them on different devices."""
     found: torch.device | None = None
     for v in values:
         if isinstance(v, Node):
@@ -265,7 +267,7 @@ def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[di
     """
     if device is not None:
         return data, device
-    device = _common_device(data.values())
+    device = common_device(data.values())
     if device is None:
         return data, None
     if not any(isinstance(v, Node) and v._meta[2] is None for v in data.values()):
