@@ -30,6 +30,7 @@ from ._base import Node, NodeT
 from ._foreach import foreach
 from ._maps import flat, paired_leaves, rebuild, unflat
 from ._tags import tag_rule
+from ._validate import dim_index
 from .errors import BatchDimError, BatchSizeError
 
 if TYPE_CHECKING:
@@ -193,14 +194,15 @@ def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Siz
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
     out = []
     for d in dims:
-        if not isinstance(d, int) or not -n <= d < n:
+        k = dim_index(d, n)
+        if k is None:
             raise BatchDimError(
                 f"{what}: dim {d!r} is out of range for the batch_size {tuple(batch_size)} "
                 f"(batch dims are -{n}..{n - 1}; feature dims are reached through td.apply)"
                 if n
                 else f"{what}: dim {d!r} given, but the batch_size is () and has no dims to reduce"
             )
-        out.append(d % n)
+        out.append(k)
     if len(set(out)) != len(out):
         raise BatchDimError(f"{what}: dim {dims!r} names a batch dim twice")
     return tuple(sorted(out))

@@ -17,7 +17,7 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device", "common_device"]
+__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device", "common_device", "dim_index"]
 
 
 _Size = torch.Size  # a module global: ``torch.Size`` is an attribute read off the torch module on every use
@@ -42,6 +42,14 @@ def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.
         if dim < 0:
             raise ValueError(f"batch_size {tuple(size)} has a negative dimension")
     return size
+
+
+def dim_index(dim: object, n: int) -> int | None:
+    """``dim`` as an index into ``n`` dims when it is an int in ``[-n, n)`` (counted as torch counts
+    dims), else None: the one normalisation of a batch dim, whose callers raise naming what it is for."""
+    if isinstance(dim, int) and -n <= dim < n:
+        return dim + n if dim < 0 else dim
+    return None
 
 
 def as_device(device: Any) -> torch.device | None:
