@@ -394,7 +394,10 @@ def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
     ``from_tensordict``); the result keeps ``td``'s tags (the same leaves).
     """
     if not isinstance(td, TensorDict):
-        raise TypeError(f"{cls.__name__}.from_tensordict takes a TensorDict, got {type(td).__name__}")
+        raise TypeError(
+            f"{cls.__name__}.from_tensordict takes a tdtree TensorDict, got {type(td).__name__}; for a "
+            f"tensordict package object use tdtree.from_tensordict(td, cls={cls.__name__})"
+        )
     hints = _hints(cls)
     values: dict[str, Any] = dict(static)
     for key, value in td._data.items():
@@ -541,7 +544,10 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
     @classmethod
     def from_tensordict(cls, td: TensorDict, **static: Any) -> typing.Self:
         """An instance whose data fields are ``td``'s entries (same leaves, same tags) and whose other
-        fields are given by name (or defaults)."""
+        fields are given by name (or defaults).
+
+        ``td`` is a tdtree :class:`TensorDict`, as tensordict's method of this name takes that package's
+        own; :func:`tdtree.from_tensordict` (``cls=``) converts from the tensordict package."""
         return from_tensordict(cls, td, static)  # type: ignore[no-any-return]
 
 

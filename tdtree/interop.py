@@ -148,6 +148,9 @@ def _tags_of(td: Any, node: Node) -> frozenset:
 def from_tensordict(td: Any, /, cls: type | None = None) -> Any:
     """A tdtree node holding the same tensors as the tensordict (or tensorclass instance) ``td``.
 
+    The module functions cross to the tensordict package; a tdtree tensorclass's
+    ``from_tensordict`` / ``to_tensordict`` methods stay inside tdtree (a tdtree TensorDict).
+
     Args:
         td: a ``tensordict.TensorDict`` or a tensordict tensorclass instance;
             nested tensordicts and tensorclasses become nested nodes.
