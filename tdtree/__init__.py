@@ -1,4 +1,12 @@
-"""tdtree: a functional, immutable TensorDict for PyTorch, built on optree."""
+"""tdtree: a functional, immutable TensorDict for PyTorch, built on optree.
+
+``tdtree.nn``, ``tdtree.optim``, ``tdtree.testing`` and ``tdtree.distributed`` are
+imported on first use (PEP 562), so ``import tdtree`` alone reaches them and does
+not pay for them.
+"""
+
+import importlib
+from typing import Any
 
 from . import errors as errors
 from . import tree as tree
@@ -36,3 +44,15 @@ from .interop import to_tensordict as to_tensordict
 from ._vmap import vmap as vmap
 
 __version__ = "0.1.0"
+
+_SUBPACKAGES = ("distributed", "nn", "optim", "testing")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")  # binds tdtree.<name>: asked once
+    raise AttributeError(f"module 'tdtree' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBPACKAGES})

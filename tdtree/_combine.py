@@ -19,7 +19,7 @@ from ._base import Node
 from ._maps import flat, map_leaves, paired_leaves, rebuild
 from ._tags import tag_rule
 from ._validate import dim_index
-from .errors import BatchDimError, BatchSizeError
+from .errors import BatchDimError
 
 __all__ = ["stack", "cat", "zeros_like", "ones_like", "full_like", "empty_like", "torch_function"]
 

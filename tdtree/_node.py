@@ -25,7 +25,7 @@ import torch
 from . import _combine, _device, _index, _keyops, _maps, _memmap, _ops, _shape
 from . import _inplace, _records, _shared
 from ._base import Node
-from ._keys import NestedKey, as_path
+from ._keys import NestedKey
 from ._pickle import reduce_node
 from ._pytree import register
 from ._repr import node_repr

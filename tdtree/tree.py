@@ -14,7 +14,8 @@ signatures and argument order are optree's. Two differences, both about tags:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optree
 
