@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import torch
 
@@ -167,6 +167,12 @@ class RecordOps(Holder):
         out = self._td.apply(fn, *map(_unwrap, others), batch_size=batch_size)
         return self._wrap(out)
 
+    def named_apply(self, fn: Callable[..., torch.Tensor], *others: Any, batch_size: Any = None) -> Self:
+        """``fn(key, leaf, *others' leaves)`` at every leaf, key as the inner node's nested key (a field
+        name, then the keys below it); tags by the rule."""
+        out = self._td.named_apply(fn, *map(_unwrap, others), batch_size=batch_size)
+        return self._wrap(out)
+
     def __add__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__add__(_unwrap(other)))
 
@@ -190,6 +196,21 @@ class RecordOps(Holder):
 
     def __rtruediv__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__rtruediv__(_unwrap(other)))
+
+    def __floordiv__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__floordiv__(_unwrap(other)))
+
+    def __rfloordiv__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rfloordiv__(_unwrap(other)))
+
+    def __mod__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__mod__(_unwrap(other)))
+
+    def __rmod__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rmod__(_unwrap(other)))
+
+    def __rpow__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rpow__(_unwrap(other)))
 
     def __pow__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__pow__(_unwrap(other)))
@@ -230,6 +251,25 @@ class RecordOps(Holder):
     def sqrt(self) -> Self:
         return self._wrap(self._td.sqrt())
 
+    def neg(self) -> Self:
+        return self._wrap(self._td.neg())
+
+    def abs(self) -> Self:
+        return self._wrap(self._td.abs())
+
+    def sigmoid(self) -> Self:
+        return self._wrap(self._td.sigmoid())
+
+    def tanh(self) -> Self:
+        return self._wrap(self._td.tanh())
+
+    def sign(self) -> Self:
+        return self._wrap(self._td.sign())
+
+    def pow(self, exponent: Any) -> Self:
+        """``self ** exponent`` leaf by leaf (an instance, node, tensor or number); drops tags."""
+        return self._wrap(self._td.pow(_unwrap(exponent)))
+
     def clamp(self, min: Any = None, max: Any = None) -> Self:  # noqa: A002
         return self._wrap(self._td.clamp(min, max))
 
@@ -244,6 +284,14 @@ class RecordOps(Holder):
     def mean(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
         """Means over batch dims ``dim`` (None: all); drops tags."""
         return self._wrap(self._td.mean(dim, keepdim))
+
+    def amax(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
+        """Maxima over batch dims ``dim`` (None: all); drops tags."""
+        return self._wrap(self._td.amax(dim, keepdim))
+
+    def amin(self, dim: Any = None, keepdim: builtins.bool = False) -> Self:
+        """Minima over batch dims ``dim`` (None: all); drops tags."""
+        return self._wrap(self._td.amin(dim, keepdim))
 
     def all(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
         """No dim: one 0-dim bool tensor; with dim: an instance of bools."""
@@ -261,6 +309,14 @@ class RecordOps(Holder):
 
     def cpu(self) -> Self:
         return self._wrap(self._td.cpu())
+
+    def cuda(self, device: Any = None, non_blocking: builtins.bool = False) -> Self:
+        """``to(CUDA device)``; keeps tags when already there."""
+        return self._wrap(self._td.cuda(device, non_blocking))
+
+    def pin_memory(self) -> Self:
+        """Every leaf in page-locked memory (needs an accelerator); drops tags unless already pinned."""
+        return self._wrap(self._td.pin_memory())
 
     def clone(self, recurse: builtins.bool = True) -> Self:
         """A copy (new storage, no tags); ``recurse=False`` shares the leaves and keeps tags."""
@@ -298,6 +354,24 @@ class RecordOps(Holder):
         self._td.copy_(_unwrap(other))
         return self
 
+    def update_(self, other: Any) -> Self:
+        """This instance, after writing ``other``'s values (an instance, node or mapping by field and
+        key) into the existing leaves, broadcast; tags kept."""
+        self._td.update_(_unwrap(other))
+        return self
+
+    def fill_(self, key: Any, value: Any) -> Self:
+        """This instance, after filling the data field (or the leaf below it) at ``key`` with ``value``."""
+        self._td.fill_(key, value)
+        return self
+
+    @property
+    def at(self) -> RecordAt[Self]:
+        """``obj.at[idx].set(v)``: a new instance with ``v`` (an instance or node) written at batch index
+        ``idx`` (drops tags; refused when Locked); ``obj.at[idx].set_(v)``: writes in place and returns
+        ``obj`` (keeps tags); ``obj.at[idx].get()``: ``obj[idx]``."""
+        return RecordAt(self)
+
     @classmethod
     def __torch_function__(
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -316,6 +390,9 @@ class RecordOps(Holder):
     def double(self) -> Self:
         return self._wrap(self._td.double())
 
+    def bfloat16(self) -> Self:
+        return self._wrap(self._td.bfloat16())
+
     def half(self) -> Self:
         return self._wrap(self._td.half())
 
@@ -333,6 +410,43 @@ class RecordOps(Holder):
 
 
 T = TypeVar("T", bound="Node | RecordOps")
+R = TypeVar("R", bound=RecordOps)
+
+
+class RecordAtIndex(Generic[R]):
+    """``obj.at[idx]`` of a tensorclass instance: the node's scatter operations on its inner node."""
+
+    __slots__ = ("_obj", "_index")
+
+    def __init__(self, obj: R, index: Any) -> None:
+        self._obj = obj
+        self._index = index
+
+    def get(self) -> R:
+        """``obj[idx]``."""
+        return self._obj[self._index]
+
+    def set(self, value: Any) -> R:
+        """A new instance with ``value`` at ``idx``; refused on Locked instances; tags dropped."""
+        return self._obj._wrap(self._obj._td.at[self._index].set(_unwrap(value)))
+
+    def set_(self, value: Any) -> R:
+        """Write ``value`` at ``idx`` in place; returns the instance."""
+        self._obj._td.at[self._index].set_(_unwrap(value))
+        return self._obj
+
+
+class RecordAt(Generic[R]):
+    """``obj.at`` of a tensorclass instance: index it (``obj.at[idx]``) for the scatter operations."""
+
+    __slots__ = ("_obj",)
+
+    def __init__(self, obj: R) -> None:
+        self._obj = obj
+
+    def __getitem__(self, index: Any) -> RecordAtIndex[R]:
+        return RecordAtIndex(self._obj, index)
+
 
 
 def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int) -> Any:
