@@ -19,15 +19,15 @@ from ._tags import Tag as Tag
 from .errors import LockedError as LockedError
 
 # operations (issue 3)
-from ._tcops import cat as cat
-from ._tcops import stack as stack
+from ._tensorclass import cat as cat
+from ._tensorclass import stack as stack
 from ._ops import where as where
 
 # tags and shared memory (issue 4)
 from .errors import WriteError as WriteError
 
 # memmap and serialization (issue 5)
-from ._tcrecord import load_memmap as load_memmap
+from ._tensorclass import load_memmap as load_memmap
 from ._serialize import load as load
 from ._serialize import save as save
 

@@ -319,7 +319,7 @@ def memmap(
         existsok: replace an existing memmap directory (or empty directory)
             at ``prefix``: the new one is written aside and renamed in, the
             old one renamed away and deleted.
-        record: a tensorclass's JSON record (see :mod:`tdtree._tclayout`),
+        record: a tensorclass's JSON record (see :mod:`tdtree._tensorclass._layout`),
             stored in the metadata so that :func:`tdtree.load_memmap` gives the class back.
 
     Returns:

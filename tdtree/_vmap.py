@@ -24,7 +24,7 @@ from ._base import Node
 from ._maps import leaves, rebuild
 from ._pytree import NAMESPACE
 from ._tags import decide
-from ._tcops import RecordOps
+from ._tensorclass import RecordOps
 from ._validate import dim_index
 
 __all__ = ["vmap"]

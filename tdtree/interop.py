@@ -42,8 +42,8 @@ from ._keys import display
 from ._memmap import _ORIGIN
 from ._node import TensorDict
 from ._tags import Locked, Memmap, Shared, retag
-from ._tclayout import Layout, layout
-from ._tensorclass import TensorClass, _hints, _tensorclass_in, from_layout
+from ._tensorclass import Layout, TensorClass, from_layout, layout
+from ._tensorclass._class import _hints, _tensorclass_in
 from ._validate import as_batch_size, build
 from .errors import FieldError
 

@@ -5,6 +5,8 @@ applying to a record."""
 from __future__ import annotations
 
 import operator
+import pickle
+import pickletools
 from collections.abc import Callable
 from typing import Any
 
@@ -169,3 +171,11 @@ def test_results_keep_tags_as_the_node_does() -> None:
     assert rec.abs().tags == rec.to_tensordict().abs().tags == frozenset()
     assert rec.amax().tags == frozenset()
     assert rec.bfloat16().bfloat16().tags == frozenset()  # the cast makes new storage
+
+
+def test_a_pickle_names_the_rebuild_function_where_older_pickles_found_it() -> None:
+    rec = make_rec()
+    ops = [arg for op, arg, _ in pickletools.genops(pickle.dumps(rec)) if isinstance(arg, str)]
+    assert "tdtree._tensorclass" in ops and "_unpickle" in ops
+    back = pickle.loads(pickle.dumps(rec))
+    assert_fields(back, rec.x, rec.inner.y)

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import torch
 
-from . import _combine
-from ._base import Holder, Node
-from ._memmap import memmap
-from ._tags import Locked, Memmap, Shared, Tag
-from ._tclayout import layout, record
+from .. import _combine
+from .._base import Holder, Node
+from .._memmap import memmap
+from .._tags import Locked, Memmap, Shared, Tag
+from ._layout import layout, record
 
 if TYPE_CHECKING:
-    from ._node import TensorDict
+    from .._node import TensorDict
 
 __all__ = ["RecordOps", "stack", "cat"]
 

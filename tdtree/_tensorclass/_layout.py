@@ -4,7 +4,7 @@ A layout is ``(class, static pairs, ((field, nested layout), ...))``: with the
 inner node, the whole instance (pickles carry it as is). The record names the
 class by its name in :mod:`tdtree._names` and holds the static fields' values
 (an enum member as its enum's path and member name) and the records of nested
-tensorclasses; :mod:`tdtree._tcrecord` reads it back.
+tensorclasses; :mod:`tdtree._tensorclass._record` reads it back.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from ._base import Holder
-from ._names import name_of
+from .._base import Holder
+from .._names import name_of
 
 __all__ = ["Layout", "layout", "record"]
 

@@ -13,11 +13,11 @@ A tensorclass instance holds
 
 Whether a field is data or static is decided by its value, so an optional
 tensor field (``x: torch.Tensor | None = None``) is static while None.
-Operations are thin methods (:mod:`tdtree._tcops`) that run the TensorDict
+Operations are thin methods (:mod:`tdtree._tensorclass._ops`) that run the TensorDict
 operation on ``_td`` and rewrap the result with :func:`rewrap`: the tag rule
 and every other behaviour are the TensorDict's.
 
-The pytree registration and :func:`rewrap` are in :mod:`tdtree._tcpytree`.
+The pytree registration and :func:`rewrap` are in :mod:`tdtree._tensorclass._pytree`.
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import torch
 
-from ._base import Node, make, sorted_data
-from ._node import TensorDict
-from ._repr import record_repr
-from ._tags import Locked, tag_rule
-from ._tclayout import Layout, layout
-from ._tcops import RecordOps
-from ._tcpytree import register, rewrap
-from ._validate import CPU, NO_BATCH, as_batch_size, as_device, build
-from .errors import BatchSizeError, FieldError, LockedError
+from .._base import Node, make, sorted_data
+from .._node import TensorDict
+from .._repr import record_repr
+from .._tags import Locked, tag_rule
+from .._validate import CPU, NO_BATCH, as_batch_size, as_device, build
+from ..errors import BatchSizeError, FieldError, LockedError
+from ._layout import Layout, layout
+from ._ops import RecordOps
+from ._pytree import register, rewrap
 
 __all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "from_layout"]
 
@@ -462,6 +462,11 @@ def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) 
 
 def _unpickle(lay: Layout, td: TensorDict) -> Any:
     return from_layout(lay, td, lambda reason: TypeError(f"cannot unpickle a tensorclass: {reason}"))
+
+
+# Pickles name this function; they were written while it lived in the module tdtree._tensorclass,
+# which the package re-exports it as, so old and new pickles name the same place.
+_unpickle.__module__ = "tdtree._tensorclass"
 
 
 # -- the base class ---------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Loading a memmap directory: :func:`load_memmap`, and the tensorclass record (see
-:mod:`tdtree._tclayout`) read back around the loaded node.
+:mod:`tdtree._tensorclass._layout`) read back around the loaded node.
 
 Loading accepts only a class in the name table of tensorclasses made in this
-process (:func:`tdtree._tcpytree.registered`) and an enum that the field's own
+process (:func:`tdtree._tensorclass._pytree.registered`) and an enum that the field's own
 annotation names: nothing is imported, so a file can never run code.
 """
 
@@ -15,13 +15,13 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from ._memmap import load
-from ._node import TensorDict
-from ._tags import tag_rule
-from ._tclayout import Layout
-from ._tcpytree import registered
-from ._tensorclass import _hints, from_layout
-from .errors import MemmapError
+from .._memmap import load
+from .._node import TensorDict
+from .._tags import tag_rule
+from ..errors import MemmapError
+from ._class import _hints, from_layout
+from ._layout import Layout
+from ._pytree import registered
 
 __all__ = ["load_memmap", "from_record"]
 
