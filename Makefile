@@ -1,5 +1,6 @@
 # make demo: set up .venv when missing and run the main example.
-# make test: the same set-up, then every test and property test (bench cases run once), the import floors
+# make test: the same set-up, then every test and property test (bench cases run once), the docstring
+#   examples (doctests), the import floors
 #   (lint-imports, contract in pyproject.toml), ruff check (rules in pyproject.toml) and mypy over the package
 #   and the typed tensorclass example.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
@@ -27,6 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests property_tests bench --benchmark-disable
+	$(PY) -m pytest -q --doctest-modules tdtree
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
 	$(PY) -m mypy tdtree examples/typed_tensorclass.py

@@ -54,6 +54,16 @@ class TensorDict(Node):
     match); tags come from :meth:`lock`, :meth:`share_memory`, :meth:`memmap`.
     A tagged type (``TensorDict[Shared]``) cannot be called, nor its ``from_*``
     constructors: TypeError naming those three.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"obs": torch.zeros(4, 3), ("next", "reward"): torch.ones(4)}, batch_size=[4])
+    >>> td.batch_size, list(td.keys(include_nested=True, leaves_only=True))
+    (torch.Size([4]), [('next', 'reward'), 'obs'])
+    >>> (td + 1)["next", "reward"]
+    tensor([2., 2., 2., 2.])
+    >>> locked = td.lock()
+    >>> isinstance(locked, tt.TensorDict[tt.Locked]), locked[1:].tags, (locked + 1).tags
+    (True, frozenset({Locked}), frozenset())
     """
 
     __slots__ = ()

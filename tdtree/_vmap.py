@@ -207,6 +207,12 @@ def vmap(
             dims differ in size.
         TypeError: ``func`` returned something other than nodes,
             tensorclasses, tensors, None and containers of them.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.ones(5, 3)}, batch_size=[5])
+    >>> out = tt.vmap(lambda q: q.sum())(td)  # inside, q has batch_size (); the sum is over nothing
+    >>> out.batch_size, out["x"].shape
+    (torch.Size([5]), torch.Size([5, 3]))
     """
 
     @functools.wraps(func)

@@ -55,6 +55,7 @@ def map(func: Callable[..., Any], tree: Any, /, *rests: Any, is_leaf: Callable[[
     Tags follow the rule with every tree as an input: kept only when every leaf of the
     result reuses a storage of the inputs.
 
+    >>> import torch, tdtree
     >>> sh = tdtree.TensorDict({"x": torch.zeros(2)}).share_memory()
     >>> map(lambda x: x, sh).tags == sh.tags, map(lambda x: x + 1, sh).tags
     (True, frozenset())

@@ -495,6 +495,14 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
         FieldError: an unknown or missing field, or a value whose type does not fit the
             field's annotation (the message names the field).
         BatchSizeError: a data field's shape does not start with ``batch_size``.
+
+    >>> import torch, tdtree as tt
+    >>> class Step(tt.TensorClass):
+    ...     obs: torch.Tensor
+    ...     phase: str = "train"
+    >>> s = Step(torch.zeros(4, 3), batch_size=[4])
+    >>> s[1:].batch_size, (s + 1).obs[0], s.replace(phase="eval").phase
+    (torch.Size([3]), tensor([1., 1., 1.]), 'eval')
     """
 
     __slots__ = ("_td", "_static")

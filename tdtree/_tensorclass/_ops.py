@@ -467,7 +467,15 @@ def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int)
 
 def stack(nodes: Sequence[T], dim: int = 0) -> T:
     """Nodes, or instances of one tensorclass with equal static fields, stacked along a new batch dim
-    ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage)."""
+    ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage).
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
+    >>> tt.stack([td, td + 1], dim=1)["x"]
+    tensor([[0., 1.],
+            [0., 1.],
+            [0., 1.]])
+    """
     return _combined("stack", _combine.stack, nodes, dim)
 
 

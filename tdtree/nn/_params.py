@@ -77,7 +77,7 @@ def from_module(module: nn.Module, *, split: bool = False) -> TensorDict | tuple
         sub-modules appear once per path, holding the same tensor object.
 
     >>> from_module(nn.Sequential(nn.Linear(3, 4))).keys(include_nested=True)
-    dict_keys(['0', ('0', 'bias'), ('0', 'weight')])
+    NestedKeysView(['0', ('0', 'bias'), ('0', 'weight')])
     """
     if split:
         return _node(module, True, False), _node(module, False, True)
