@@ -19,11 +19,11 @@ from typing import Any
 
 import optree
 import torch
-import torch.utils._pytree as torch_pytree
 
 from . import _names
 from ._base import Node, from_meta
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
+from ._torch_private import torch_pytree
 from .errors import BatchSizeError
 
 NAMESPACE = "tdtree"

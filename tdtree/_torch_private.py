@@ -18,6 +18,8 @@ Makefile pins).
 * Whether a storage holds bytes when its size is data-dependent (``td[mask]``
   under ``torch.compile``): ``guard_or_true`` answers without guarding on a
   size the trace cannot know, and the answer is "it may", so the rule fails safe.
+* torch's pytree registry (``torch.utils._pytree``): how ``torch.func``, ``torch.compile`` and
+  ``torch.export`` see nodes and tensorclasses as trees; it has no public spelling.
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
@@ -29,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as torch_pytree
 from torch._C import _functorch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
@@ -42,6 +45,7 @@ __all__ = [
     "nonstrict_trace",
     "compile_counter",
     "graph_breaks",
+    "torch_pytree",
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 import optree
-import torch.utils._pytree as torch_pytree
 
 from .._base import from_meta
 from .._names import add, every, named
 from .._node import TensorDict
 from .._pytree import NAMESPACE, check_children
+from .._torch_private import torch_pytree
 from ._ops import RecordOps
 
 __all__ = ["register", "registered", "rewrap", "watch"]
