@@ -409,40 +409,37 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     check_unlocked_tree(node, "at[...].set")
     if isinstance(value, Node):
         leaf_index, new = normalize(node._meta[1], index)
-        n = len(node._meta[1])
-        if value._meta[1] == new and _fits(node, value, new, n, same_device(node, value)):
-            return _scattered(node, value, leaf_index)
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if value._meta[1] == new and _fits(node, value, new, len(node._meta[1]), same_device(node, value), pairs):
+            return unflat(node, [_put(leaf, leaf_index, v) for leaf, v in pairs])
     leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set", inplace=False)
     return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
 
 
-def _fits(node: Node, value: Node, new: torch.Size, n: int, same_device: bool) -> bool:
-    """Whether ``value`` is what :func:`_scattered` takes as it is: ``node``'s keys and nesting, each value
-    a tensor of its leaf's dtype and exact shape (``new`` then the leaf's feature dims) on its device.
-    Any other value goes through the checked path, which checks every value before torch writes."""
+def _fits(
+    node: Node, value: Node, new: torch.Size, n: int, same_device: bool, pairs: list[tuple[torch.Tensor, torch.Tensor]]
+) -> bool:
+    """Whether ``value`` is what the one-pass scatter takes as it is: ``node``'s keys and nesting, each
+    value a tensor of its leaf's dtype and exact shape (``new`` then the leaf's feature dims) on its
+    device; each (leaf, value) is appended to ``pairs`` in leaf order. Nothing is written until every
+    value fits: any other value goes through the checked path, which checks every value before torch
+    writes."""
     if node._meta[0] != value._meta[0]:
         return False
     for leaf, v in zip(node._data.values(), value._data.values()):
         if isinstance(leaf, Node):
-            if not (isinstance(v, Node) and _fits(leaf, v, new, n, same_device)):
+            if not (isinstance(v, Node) and _fits(leaf, v, new, n, same_device, pairs)):
                 return False
-        elif not (
+        elif (
             isinstance(v, torch.Tensor)
             and v.dtype == leaf.dtype
             and v.shape == torch.Size((*new, *leaf.shape[n:]))
             and (same_device or v.device == leaf.device)
         ):
+            pairs.append((leaf, v))
+        else:
             return False
     return True
-
-
-def _scattered(node: Node, value: Node, index: tuple[Any, ...]) -> Any:
-    """``scatter`` of a node value that :func:`_fits`, in one pass: ``node``'s keys and metadata."""
-    out = [
-        _scattered(leaf, v, index) if isinstance(leaf, Node) else _put(leaf, index, v)
-        for leaf, v in zip(node._data.values(), value._data.values())
-    ]
-    return from_meta(type(node), node._meta, out)
 
 
 def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
