@@ -18,7 +18,7 @@ from typing import Any, Generic
 
 import torch
 
-from ._base import Node, NodeT, from_meta
+from ._base import Node, NodeT
 from ._inplace import broadcasts, same_device, check_number, checked, each_writable, read_first, targets_writable
 from ._keyops import check_unlocked_tree, walk
 from ._keys import as_path
