@@ -24,10 +24,9 @@ import optree
 import pytest
 import torch
 
-import tdtree
-
 from .impls import Impl
 from .modes import MODES, run_mode
+
 
 def nested_td(impl: Impl) -> Any:
     """tensordict's compile-suite nested node: a scalar "a" and a sub-node "i" at each of 10 levels."""

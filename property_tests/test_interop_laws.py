@@ -13,7 +13,7 @@ import tdtree as tt
 from tdtree.testing import assert_equal, tensordicts
 from tdtree.testing.laws import assert_pure
 
-from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict, tensordict_like
+from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict_like
 
 from ._snapshot import holds_data
 

@@ -1,4 +1,12 @@
-"""tdtree: a functional, immutable TensorDict for PyTorch, built on optree."""
+"""tdtree: a functional, immutable TensorDict for PyTorch, built on optree.
+
+``tdtree.nn``, ``tdtree.optim``, ``tdtree.testing`` and ``tdtree.distributed`` are
+imported on first use (PEP 562), so ``import tdtree`` alone reaches them and does
+not pay for them.
+"""
+
+import importlib
+from typing import Any
 
 from . import errors as errors
 from . import tree as tree
@@ -11,15 +19,15 @@ from ._tags import Tag as Tag
 from .errors import LockedError as LockedError
 
 # operations (issue 3)
-from ._tcops import cat as cat
-from ._tcops import stack as stack
+from ._tensorclass import cat as cat
+from ._tensorclass import stack as stack
 from ._ops import where as where
 
 # tags and shared memory (issue 4)
 from .errors import WriteError as WriteError
 
 # memmap and serialization (issue 5)
-from ._memmap import load_memmap as load_memmap
+from ._tensorclass import load_memmap as load_memmap
 from ._serialize import load as load
 from ._serialize import save as save
 
@@ -36,3 +44,15 @@ from .interop import to_tensordict as to_tensordict
 from ._vmap import vmap as vmap
 
 __version__ = "0.1.0"
+
+_SUBPACKAGES = ("distributed", "nn", "optim", "testing")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")  # binds tdtree.<name>: asked once
+    raise AttributeError(f"module 'tdtree' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBPACKAGES})

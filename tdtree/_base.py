@@ -33,7 +33,6 @@ from torch.compiler import substitute_in_graph
 
 __all__ = [
     "Node", "NodeT", "Holder", "NO_TAGS", "UNTAGGED_TYPES", "TAGGED_TYPES", "make", "from_meta", "with_meta", "make_tagged", "fill", "sorted_data",
-    "leaf_or_node",
 ]
 
 NO_TAGS: frozenset = frozenset()
@@ -60,13 +59,9 @@ class Node:
         super().__init_subclass__(**kwargs)
         if "_tags" in cls.__dict__:
             TAGGED_TYPES.add(cls)
-            return  # a tagged variant, made and registered by _tags.tagged_type
+            return  # a tagged variant, made and registered by _pytree.tagged_type
         UNTAGGED_TYPES.add(cls)
-        cls._root = cls
-        from . import _pickle, _pytree
-
-        _pytree.register(cls)
-        _pickle.register_root(cls)
+        cls._root = cls  # a root type: the module defining it registers it (_pytree.register)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise TypeError(
@@ -184,7 +179,3 @@ def sorted_data(data: dict[str, Any]) -> dict[str, Any]:
     if keys == sorted(keys):
         return data
     return {k: data[k] for k in sorted(keys)}
-
-
-def leaf_or_node(value: object) -> bool:
-    return isinstance(value, (torch.Tensor, Node))

@@ -18,7 +18,8 @@ from . import _ops
 from ._base import Node
 from ._maps import flat, map_leaves, paired_leaves, rebuild
 from ._tags import tag_rule
-from .errors import BatchDimError, BatchSizeError
+from ._validate import dim_index
+from .errors import BatchDimError
 
 __all__ = ["stack", "cat", "zeros_like", "ones_like", "full_like", "empty_like", "torch_function"]
 
@@ -34,8 +35,8 @@ def _check_nodes(what: str, nodes: Sequence[Node]) -> None:
 def _columns(what: str, nodes: Sequence[Node], skip: int | None) -> list[list[torch.Tensor]]:
     """The leaves of every node, paired by key with the first node's."""
     first = nodes[0]
-    leaves, spec = flat(first)
-    return [leaves, *(paired_leaves(what, first, spec, node, skip) for node in nodes[1:])]
+    leaves, _ = flat(first)
+    return [leaves, *(paired_leaves(what, first, node, skip) for node in nodes[1:])]
 
 
 @tag_rule
@@ -54,12 +55,12 @@ def stack(nodes: Sequence[Node], dim: int = 0) -> Node:
     first = nodes[0]
     batch_size = first._meta[1]
     n = len(batch_size)
-    if not -n - 1 <= dim <= n:
+    d = dim_index(dim, n + 1)
+    if d is None:
         raise BatchDimError(
             f"stack: dim {dim} is out of range for a new batch dim of batch_size {tuple(batch_size)} "
             f"(allowed: {-n - 1}..{n})"
         )
-    d = dim % (n + 1)
     columns = _columns("stack", nodes, None)
     out = iter([torch.stack(group, d) for group in zip(*columns)])
     return rebuild(first, lambda _: next(out), torch.Size((*batch_size[:d], len(nodes), *batch_size[d:])))
@@ -81,12 +82,12 @@ def cat(nodes: Sequence[Node], dim: int = 0) -> Node:
     first = nodes[0]
     batch_size = first._meta[1]
     n = len(batch_size)
-    if not -n <= dim < n:
+    d = dim_index(dim, n)
+    if d is None:
         raise BatchDimError(
             f"cat: dim {dim} is out of range for the batch_size {tuple(batch_size)}"
             + (f" (allowed: {-n}..{n - 1})" if n else "; stack nodes with batch_size () instead")
         )
-    d = dim % n
     columns = _columns("cat", nodes, d)
     total = 0
     for node in nodes:

@@ -18,8 +18,8 @@ from typing import Any, Generic
 
 import torch
 
-from ._base import Node, NodeT, from_meta
-from ._inplace import _broadcasts, _same_device, check_number, checked, each_writable, read_first, targets_writable
+from ._base import Node, NodeT
+from ._inplace import broadcasts, same_device, check_number, checked, each_writable, read_first, targets_writable
 from ._keyops import check_unlocked_tree, walk
 from ._keys import as_path
 from ._maps import flat, rebuild, unflat
@@ -287,7 +287,7 @@ def _pairs(
                 raise KeyMismatchError(op, paths, given)
             values = [given[p] for p in paths]
     elif isinstance(value, torch.Tensor):
-        if not _broadcasts(value.shape, new):
+        if not broadcasts(value.shape, new):
             raise WriteShapeError(
                 f"{op}: a tensor value of shape {tuple(value.shape)} is aligned with the batch dims and does not "
                 f"broadcast to td[idx].batch_size {tuple(new)}"
@@ -315,7 +315,7 @@ def _pairs(
             and v.dtype == leaf.dtype
             and (same_device or v.device == leaf.device)
             and leaf.is_contiguous()
-            and _broadcasts(v.shape, torch.Size((*new, *leaf.shape[n:])))
+            and broadcasts(v.shape, torch.Size((*new, *leaf.shape[n:])))
         ):
             fast.append(leaf)
             continue
@@ -409,42 +409,37 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     check_unlocked_tree(node, "at[...].set")
     if isinstance(value, Node):
         leaf_index, new = normalize(node._meta[1], index)
-        if value._meta[1] == new:
-            try:
-                return _scattered(node, value, leaf_index, new, len(node._meta[1]), _same_device(node, value))
-            except Exception:  # noqa: BLE001 - a _Misfit, or torch refused a write: the checked path decides
-                # it writes what the one pass does not take (values to broadcast or cast, other keys), and it
-                # checks every value before torch writes, so each error is the one it always was
-                pass
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if value._meta[1] == new and _fits(node, value, new, len(node._meta[1]), same_device(node, value), pairs):
+            return unflat(node, [_put(leaf, leaf_index, v) for leaf, v in pairs])
     leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set", inplace=False)
     return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
 
 
-def _scattered(node: Node, value: Node, index: tuple[Any, ...], new: torch.Size, n: int, same_device: bool) -> Any:
-    """``scatter`` of a node value in one pass, for values of the leaves' dtypes and exact shapes (on their
-    devices): the result has ``node``'s keys and metadata. Raises on anything else, for the checked path."""
+def _fits(
+    node: Node, value: Node, new: torch.Size, n: int, same_device: bool, pairs: list[tuple[torch.Tensor, torch.Tensor]]
+) -> bool:
+    """Whether ``value`` is what the one-pass scatter takes as it is: ``node``'s keys and nesting, each
+    value a tensor of its leaf's dtype and exact shape (``new`` then the leaf's feature dims) on its
+    device; each (leaf, value) is appended to ``pairs`` in leaf order. Nothing is written until every
+    value fits: any other value goes through the checked path, which checks every value before torch
+    writes."""
     if node._meta[0] != value._meta[0]:
-        raise _Misfit
-    out = []
+        return False
     for leaf, v in zip(node._data.values(), value._data.values()):
         if isinstance(leaf, Node):
-            if not isinstance(v, Node):
-                raise _Misfit
-            out.append(_scattered(leaf, v, index, new, n, same_device))
+            if not (isinstance(v, Node) and _fits(leaf, v, new, n, same_device, pairs)):
+                return False
         elif (
             isinstance(v, torch.Tensor)
             and v.dtype == leaf.dtype
             and v.shape == torch.Size((*new, *leaf.shape[n:]))
             and (same_device or v.device == leaf.device)
         ):
-            out.append(_put(leaf, index, v))
+            pairs.append((leaf, v))
         else:
-            raise _Misfit
-    return from_meta(type(node), node._meta, out)
-
-
-class _Misfit(Exception):
-    """A value the one-pass scatter does not take as it is (the checked path decides)."""
+            return False
+    return True
 
 
 def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:

@@ -73,7 +73,7 @@ def _overlapping(leaf: torch.Tensor) -> bool:
     return leaf.numel() > 0 and any(st == 0 and n > 1 for st, n in zip(leaf.stride(), leaf.shape))
 
 
-def _broadcasts(source: torch.Size, target: torch.Size) -> bool:
+def broadcasts(source: torch.Size, target: torch.Size) -> bool:
     # torch.broadcast_shapes costs ~14 us; this is the same test for a fixed target.
     if len(source) > len(target):
         return False
@@ -207,12 +207,12 @@ def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -
 
 # The in-place writers test each value against its leaf fast, inline (a call per leaf
 # costs more than the test): a tensor of the leaf's dtype and shape, on its device
-# (not tested when _same_device says both nodes hold every leaf there), and a
+# (not tested when same_device says both nodes hold every leaf there), and a
 # contiguous leaf (so no stride 0); the leaves' other writability is tested in one
 # scan over them. Every other value goes through checked.
 
 
-def _same_device(node: Node, other: Any) -> bool:
+def same_device(node: Node, other: Any) -> bool:
     """Whether ``node`` and ``other`` are nodes with every leaf on one device: a node's device, when
     it has one, is every leaf's (checked when the node was built)."""
     return isinstance(other, Node) and node._meta[2] is not None and node._meta[2] == other._meta[2]
@@ -253,7 +253,7 @@ def checked(
                     f"{_where(op, path)} has shape {tuple(target)} and the value has shape "
                     f"{tuple(value.shape)}; copy_ needs equal shapes (update_ broadcasts)"
                 )
-            if not _broadcasts(value.shape, target):
+            if not broadcasts(value.shape, target):
                 raise WriteShapeError(
                     f"{_where(op, path)} has shape {tuple(target)} and the value's shape "
                     f"{tuple(value.shape)} does not broadcast to it; in-place writes never change a shape: "
@@ -381,7 +381,7 @@ def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]
             raise KeyNotFoundError(display(path), [display((*prefix, j)) for j in data])
         if isinstance(current, Node):
             if isinstance(v, Node):
-                _update_pairs(current, v._data, path, _same_device(current, v), out)
+                _update_pairs(current, v._data, path, same_device(current, v), out)
             elif isinstance(v, Mapping):
                 _update_pairs(current, nest(v), path, False, out)
             else:
@@ -415,7 +415,7 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     """
     source = other._data if isinstance(other, Node) else nest(other)
     writes = _Writes("update_", node)
-    _update_pairs(node, source, (), _same_device(node, other), writes)
+    _update_pairs(node, source, (), same_device(node, other), writes)
     try:
         writes.run()
     except RuntimeError:
@@ -447,7 +447,7 @@ def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], same: bool, ou
             continue
         path = (*prefix, k)
         if isinstance(leaf, Node) and isinstance(value, Node):
-            _copy_pairs(leaf, value, path, _same_device(leaf, value), out)
+            _copy_pairs(leaf, value, path, same_device(leaf, value), out)
         elif isinstance(leaf, Node) or isinstance(value, Node):
             kinds = ("a node", "a tensor") if isinstance(leaf, Node) else ("a tensor", "a node")
             raise WriteError(f"copy_: {display(path)!r} is {kinds[0]} here and {kinds[1]} in the source")
@@ -468,7 +468,7 @@ def copy_(node: NodeT, other: Node) -> NodeT:
     if not isinstance(other, Node):
         raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
     writes = _Writes("copy_", node)
-    _copy_pairs(node, other, (), _same_device(node, other), writes)
+    _copy_pairs(node, other, (), same_device(node, other), writes)
     try:
         writes.run()
     except RuntimeError:

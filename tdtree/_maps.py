@@ -128,8 +128,8 @@ def _pair(a: Node, b: Node, out: list[Any], skip: int | None) -> bool:
     return True
 
 
-def paired_leaves(what: str, node: Node, spec: Node, other: Node, skip: int | None = None) -> list[Any]:
-    """The leaves of ``other`` in the order of ``node``'s leaves (``spec`` is ``node``'s structure from :func:`flat`).
+def paired_leaves(what: str, node: Node, other: Node, skip: int | None = None) -> list[Any]:
+    """The leaves of ``other`` in the order of ``node``'s leaves.
 
     Raises as :func:`check_same_keys` when the two do not pair.
     """
@@ -176,7 +176,7 @@ def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torc
 
 def _results(what: str, fn: Callable[..., Any], node: Node, others: tuple[Node, ...], named: bool) -> Any:
     values, spec = flat(node)
-    columns = [paired_leaves(what, node, spec, other) for other in others]
+    columns = [paired_leaves(what, node, other) for other in others]
     if named:
         keys = [k for k, _ in walk(node, True, True)]
         return spec, [fn(*row) for row in zip(keys, values, *columns)]

@@ -47,8 +47,8 @@ from ._base import Node, make
 from ._files import MAX_BYTES, META_MAX, as_bytes, checked_size, map_regular, open_regular, remove_stale, swap_in
 from ._inplace import mark_read_only
 from ._keys import display
-from ._pickle import root_name, root_named
-from ._tags import Locked, Memmap, retag, tag_rule
+from ._names import name_of, root_named
+from ._tags import Locked, Memmap, retag
 from ._validate import build
 from .errors import BatchSizeError, KeyCollisionError, MemmapError
 
@@ -62,7 +62,7 @@ __all__ = [
     "mappable",
     "read_header",
     "memmap",
-    "load_memmap",
+    "load",
     "reference",
     "resolve",
 ]
@@ -319,8 +319,8 @@ def memmap(
         existsok: replace an existing memmap directory (or empty directory)
             at ``prefix``: the new one is written aside and renamed in, the
             old one renamed away and deleted.
-        record: a tensorclass's JSON record (see :mod:`tdtree._tcrecord`),
-            stored in the metadata so that :func:`load_memmap` gives the class back.
+        record: a tensorclass's JSON record (see :mod:`tdtree._tensorclass._layout`),
+            stored in the metadata so that :func:`tdtree.load_memmap` gives the class back.
 
     Returns:
         A node equal to ``node`` whose leaves are mapped from the files
@@ -345,7 +345,7 @@ def memmap(
     doc = {
         "format": FORMAT,
         "version": VERSION,
-        "type": root_name(type(node)._root),
+        "type": name_of(type(node)._root),
         "tags": sorted(t.name for t in _TAGS),
         "tree": tree,
     }
@@ -477,31 +477,10 @@ def _replaced(prefix: str, dir_fd: int) -> bool:
     return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
 
 
-@tag_rule
-def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
-    """The node stored under ``prefix`` by :meth:`TensorDict.memmap`, leaves mapped from its files.
-
-    The directory is opened once and every file read through it, so a load sees
-    one complete directory even while another process replaces ``prefix``. The
-    prefix itself, ``meta.json`` and the leaf files must not be symlinks (parent
-    directories may be), and must be regular files: anything else is refused.
-
-    Args:
-        prefix: the memmap directory.
-        mode: as numpy's memmap: ``"r+"`` maps the files shared: in-place writes go
-            to the files and are seen by every process that maps them. ``"r"``:
-            read-only, every tdtree in-place writer raises WriteError. ``"c"``:
-            copy-on-write, in-place writes stay in this process's memory.
-
-    Returns:
-        The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node; a tensorclass
-        instance when a tensorclass was memmapped (its class must be defined in this process).
-
-    Raises:
-        MemmapError: naming the file: a missing, corrupt, oversized, non-regular or
-            symlinked metadata or leaf file, an unknown format version, a dtype that
-            cannot be mapped, a shape too large, or a leaf file of the wrong size.
-    """
+def load(prefix: str | os.PathLike[str], mode: str) -> tuple[Any, Any, str]:
+    """:func:`tdtree.load_memmap`'s work below the tensorclass: the node stored under ``prefix``
+    (tagged ``{Memmap, Locked}``), the tensorclass record stored with it or None, and the metadata
+    file's path (for the errors a record that does not fit raises)."""
     if mode not in ("r", "r+", "c"):
         raise ValueError(f"mode must be 'r' (read-only), 'r+' (shared writes) or 'c' (copy-on-write), got {mode!r}")
     prefix = os.path.abspath(os.fspath(prefix))
@@ -522,12 +501,7 @@ def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
             os.close(dir_fd)
     else:  # every attempt found prefix missing while a writer was swapping (the last one raised)
         raise AssertionError("unreachable")
-    if doc.get("record") is None:
-        return node
-    from ._tcrecord import from_record
-
-    meta = os.path.join(prefix, META)
-    return from_record(node, doc["record"], lambda reason: MemmapError(f"corrupt metadata file {meta}: {reason}"))
+    return node, doc.get("record"), os.path.join(prefix, META)
 
 
 # -- pickling by reference --------------------------------------------------------------------

@@ -22,10 +22,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import _combine, _device, _index, _keyops, _maps, _ops, _shape
+from . import _combine, _device, _index, _keyops, _maps, _memmap, _ops, _shape
 from . import _inplace, _records, _shared
 from ._base import Node
-from ._keys import NestedKey, as_path
+from ._keys import NestedKey
+from ._pickle import reduce_node
+from ._pytree import register
 from ._repr import node_repr
 from ._tags import Locked, Memmap, Shared, Tag, refuse_tagged, retag, tagged_type
 from ._validate import construct
@@ -52,12 +54,27 @@ class TensorDict(Node):
     match); tags come from :meth:`lock`, :meth:`share_memory`, :meth:`memmap`.
     A tagged type (``TensorDict[Shared]``) cannot be called, nor its ``from_*``
     constructors: TypeError naming those three.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"obs": torch.zeros(4, 3), ("next", "reward"): torch.ones(4)}, batch_size=[4])
+    >>> td.batch_size, list(td.keys(include_nested=True, leaves_only=True))
+    (torch.Size([4]), [('next', 'reward'), 'obs'])
+    >>> (td + 1)["next", "reward"]
+    tensor([2., 2., 2., 2.])
+    >>> locked = td.lock()
+    >>> isinstance(locked, tt.TensorDict[tt.Locked]), locked[1:].tags, (locked + 1).tags
+    (True, frozenset({Locked}), frozenset())
     """
 
     __slots__ = ()
     _root: ClassVar[type[TensorDict]]  # a TensorDict's root is TensorDict or a subclass of it
-    # Set in the body, not after: registration (pytree names, tagged variants) happens at class creation.
+    # Set in the body: registration (the name table, pytree, tagged variants) reads it.
     __module__ = "tdtree"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_tags" not in cls.__dict__:  # a root type of its own (tagged_type registers the variants it makes)
+            register(cls)
 
     def __init__(
         self,
@@ -145,8 +162,6 @@ class TensorDict(Node):
         return node_repr(self)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        from ._pickle import reduce_node
-
         return reduce_node(self)
 
     # -- mapping protocol and lookup -----------------------------------------------
@@ -567,7 +582,7 @@ class TensorDict(Node):
     def memmap(self, prefix: Any, existsok: builtins.bool = False) -> TensorDict:
         """A node equal to this one with leaves mapped from files under the directory ``prefix`` (str or
         path); tags ``{Memmap, Locked}`` (made, not kept). See :func:`tdtree._memmap.memmap`."""
-        from ._memmap import memmap
+        return _memmap.memmap(self, prefix, existsok)
 
-        return memmap(self, prefix, existsok)
 
+register(TensorDict)

@@ -30,6 +30,7 @@ from ._base import Holder, Node, NodeT
 from ._foreach import foreach
 from ._maps import flat, paired_leaves, rebuild, unflat
 from ._tags import tag_rule
+from ._validate import dim_index
 from .errors import BatchDimError, BatchSizeError
 
 if TYPE_CHECKING:
@@ -72,12 +73,12 @@ def _aligned(what: str, node: Node, leaves: list[torch.Tensor], t: torch.Tensor)
     return out
 
 
-def _operands(what: str, node: Node, spec: Node, leaves: list[Any], other: Any) -> Any:
+def _operands(what: str, node: Node, leaves: list[Any], other: Any) -> Any:
     """``other`` as a per-leaf list (nodes, tensors), as is (scalars), or NotImplemented."""
     if type(other) is int or type(other) is float:
         return other
     if isinstance(other, Node):
-        return paired_leaves(what, node, spec, other)
+        return paired_leaves(what, node, other)
     if isinstance(other, torch.Tensor):
         return _aligned(what, node, leaves, other)
     if isinstance(other, _SCALARS):
@@ -90,7 +91,7 @@ def _binary(
 ) -> Callable[[Node, Any], Any]:
     def fn(node: Node, other: Any) -> Any:
         leaves, spec = flat(node)
-        rhs = _operands(name, node, spec, leaves, other)
+        rhs = _operands(name, node, leaves, other)
         if rhs is NotImplemented:
             return NotImplemented
         if not leaves:
@@ -184,7 +185,7 @@ def where(condition: Node | torch.Tensor, input: Any, other: Any) -> TensorDict:
     leaves, spec = flat(base)
     parts = []
     for arg in (condition, input, other):
-        part = _operands("where", base, spec, leaves, arg)
+        part = _operands("where", base, leaves, arg)
         if part is NotImplemented:
             raise TypeError(f"where takes nodes, tensors or numbers, got {type(arg).__name__}")
         parts.append(part if type(part) is list else [part] * len(leaves))
@@ -199,14 +200,15 @@ def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Siz
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
     out = []
     for d in dims:
-        if not isinstance(d, int) or not -n <= d < n:
+        k = dim_index(d, n)
+        if k is None:
             raise BatchDimError(
                 f"{what}: dim {d!r} is out of range for the batch_size {tuple(batch_size)} "
                 f"(batch dims are -{n}..{n - 1}; feature dims are reached through td.apply)"
                 if n
                 else f"{what}: dim {d!r} given, but the batch_size is () and has no dims to reduce"
             )
-        out.append(d % n)
+        out.append(k)
     if len(set(out)) != len(out):
         raise BatchDimError(f"{what}: dim {dims!r} names a batch dim twice")
     return tuple(sorted(out))

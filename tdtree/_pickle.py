@@ -16,37 +16,13 @@ from typing import Any
 import torch
 
 from ._base import Node, make
+from ._memmap import reference, resolve
+from ._names import name_of, root_named
 from ._tags import Memmap, Shared, retag, tag_named
 from ._validate import build
 from .errors import BatchSizeError, KeyCollisionError, SerializationError
 
-__all__ = ["reduce_node", "rebuild_node", "root_name", "root_named"]
-
-_ROOTS: list[type] = []
-_BY_NAME: dict[str, type] = {}
-
-
-def register_root(cls: type) -> None:
-    _ROOTS.append(cls)
-
-
-def root_name(cls: type) -> str:
-    """The name a node type is pickled under: its module and qualified name as they are now."""
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def root_named(name: object) -> type | None:
-    """The registered node type pickled as ``name``, or None."""
-    if type(name) is not str:
-        return None
-    found = _BY_NAME.get(name)
-    if found is None:
-        # Names are read when first asked for: a class may set its public
-        # __module__ (tdtree.TensorDict) after it was registered.
-        _BY_NAME.clear()
-        _BY_NAME.update((root_name(c), c) for c in _ROOTS)
-        found = _BY_NAME.get(name)
-    return found
+__all__ = ["reduce_node", "rebuild_node"]
 
 
 def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
@@ -54,11 +30,9 @@ def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
     keys, batch_size, device, tags = node._meta
     values = tuple(node._data.values())
     if Memmap in tags:
-        from ._memmap import reference
-
         values = tuple(v if isinstance(v, Node) else reference(v) for v in values)
     return rebuild_node, (
-        root_name(root),
+        name_of(root),
         keys,
         values,
         tuple(batch_size),
@@ -106,8 +80,6 @@ def rebuild_node(
     except (ValueError, RuntimeError, TypeError) as err:
         raise SerializationError(f"cannot unpickle a {type_name} node: {err}") from None
     if Memmap in tags:
-        from ._memmap import resolve
-
         values = tuple(v if isinstance(v, Node) else resolve(v) for v in values)
     for k, v in zip(keys, values):
         if type(v) is not torch.Tensor and not isinstance(v, Node):

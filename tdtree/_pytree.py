@@ -1,4 +1,5 @@
-"""Registration of node types with optree (namespace ``"tdtree"``) and torch's pytree.
+"""Registration of node types with optree (namespace ``"tdtree"``), torch's pytree and the name
+table (:mod:`tdtree._names`), and the tagged variants of each root type.
 
 Children are the values in canonical key order; the metadata is
 ``(keys, batch_size, device, tags)``. Unflatten builds untagged nodes whatever
@@ -13,18 +14,21 @@ must never claim a batch size its leaves do not have.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from typing import Any
 
 import optree
 import torch
-import torch.utils._pytree as torch_pytree
 
+from . import _names
 from ._base import Node, from_meta
+from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
+from ._torch_private import torch_pytree
 from .errors import BatchSizeError
 
 NAMESPACE = "tdtree"
 
-__all__ = ["NAMESPACE", "register"]
+__all__ = ["NAMESPACE", "register", "tagged_type", "variant", "refuse_tagged", "check_children"]
 
 
 def _flatten(node: Node) -> tuple[tuple[Any, ...], tuple, tuple[str, ...]]:
@@ -40,7 +44,7 @@ def _torch_flatten_with_keys(node: Node) -> tuple[list[tuple[Any, Any]], tuple]:
     return [(torch_pytree.MappingKey(k), v) for k, v in node._data.items()], node._meta
 
 
-def _check_children(meta: tuple, values: list[Any]) -> None:
+def check_children(meta: tuple, values: list[Any]) -> None:
     batch_size = meta[1]
     n = len(batch_size)
     if not n:
@@ -71,8 +75,9 @@ def _dumpable(meta: tuple) -> dict[str, Any]:
 
 
 def register(cls: type) -> None:
-    """Register ``cls`` (a node type with its ``_tags``) with both pytree registries.
+    """Register ``cls`` (a node type with its ``_tags``) with both pytree registries and the name table.
 
+    The module defining a root node type calls this once the class exists.
     Registering a root type also makes every tagged variant of it: torch finds
     a type by its serialized name when ``torch.export.load`` reads a program, so
     ``TensorDict[Locked]`` must exist before any node of it does.
@@ -83,12 +88,10 @@ def register(cls: type) -> None:
 
     def torch_unflatten(values: Any, meta: tuple) -> Any:
         values = list(values)
-        _check_children(meta, values)
+        check_children(meta, values)
         return from_meta(cls, meta, values)
 
     def from_dumpable(ctx: dict[str, Any]) -> tuple:
-        from ._tags import tag_named
-
         device = None if ctx["device"] is None else torch.device(ctx["device"])
         tags = frozenset(tag_named(n) for n in ctx["tags"])
         return (tuple(ctx["keys"]), torch.Size(ctx["batch_size"]), device, tags)
@@ -102,15 +105,70 @@ def register(cls: type) -> None:
         cls,
         _torch_flatten,
         torch_unflatten,
-        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        serialized_type_name=_names.add(cls),
         to_dumpable_context=_dumpable,
         from_dumpable_context=from_dumpable,
         flatten_with_keys_fn=_torch_flatten_with_keys,
     )
     if "_tags" not in cls.__dict__:  # a root type; its variants set their own tags
-        from ._tags import Locked, Memmap, Shared, tagged_type
-
         every = (Locked, Memmap, Shared)
         for n in range(1, len(every) + 1):
             for tags in itertools.combinations(every, n):
                 tagged_type(cls, tags)
+
+
+_TYPES: dict[tuple[type, frozenset], type] = {}
+# root -> its tagged types with their tags, for retag: compiled code compares tag sets but cannot hash them
+_VARIANTS: dict[type, list[tuple[frozenset, type]]] = {}
+
+
+def refuse_tagged(cls: type, what: str) -> TypeError:
+    """The error for building a node of the tagged type ``cls`` by ``what`` (a constructor)."""
+    root = getattr(cls, "_root", cls).__name__
+    return TypeError(
+        f"{what}: {cls.__name__} is a tagged type and cannot be built directly: tags claim what the "
+        f"storage is, and a node built from leaves has none to check. Build a {root} and call "
+        ".lock(), .share_memory() or .memmap(prefix) on it."
+    )
+
+
+def _refused_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    raise refuse_tagged(cls, f"{cls.__name__}(...)")
+
+
+def tagged_type(root: type, tags: Iterable[Tag]) -> type:
+    """The node type ``root`` with exactly ``tags``, made and registered once."""
+    tags = frozenset(tags)
+    if not tags:
+        return root
+    cls = _TYPES.get((root, tags))
+    if cls is not None:
+        return cls
+    for tag in tags:
+        if not isinstance(tag, Tag):
+            raise TypeError(f"{root.__name__}[...] takes tags (Locked, Shared, Memmap), got {tag!r}")
+    order = sorted(tags)
+    bases = tuple(tagged_type(root, tags - {t}) for t in order)
+    name = f"{root.__name__}[{', '.join(t.name for t in order)}]"
+    cls = type(root)(
+        name,
+        bases,
+        {
+            "__slots__": (), "_tags": tags, "_root": root, "__module__": root.__module__, "__qualname__": name,
+            "__init__": _refused_init,
+        },
+    )
+    register(cls)
+    _TYPES[(root, tags)] = cls
+    _VARIANTS.setdefault(root, []).append((tags, cls))
+    return cls
+
+
+def variant(root: type, tags: frozenset) -> Any:
+    """``tagged_type(root, tags)`` for non-empty ``tags``, found by comparing tag sets (which dynamo
+    traces) where tagged_type's cache hashes them (which it cannot)."""
+    for have, cls in _VARIANTS.get(root, ()):
+        if have == tags:
+            return cls
+    return tagged_type(root, tags)

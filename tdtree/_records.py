@@ -73,7 +73,7 @@ def from_namedtuple(root: type[NodeT], obj: Any, batch_size: Any = None, device:
     return _keyops.from_dict(root, _fields(obj), batch_size, device)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _record_type(keys: tuple[str, ...]) -> type:
     # One type per key set: nodes with the same keys give records of the same type.
     return collections.namedtuple("TensorDictRecord", keys)  # type: ignore[misc]

@@ -1,12 +1,15 @@
-"""A readable repr: each field with shape, dtype and device, nested nodes indented."""
+"""A readable repr of nodes and tensorclasses: each field with shape, dtype and device, nested
+nodes and tensorclasses indented."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ._base import Node
+from ._base import Holder, Node
 
-__all__ = ["node_repr"]
+__all__ = ["node_repr", "record_repr"]
 
 
 def _leaf(t: torch.Tensor) -> str:
@@ -27,4 +30,28 @@ def node_repr(node: Node, indent: int = 0) -> str:
         lines.append(f"{pad}fields={{}},")
     _, batch_size, device, _ = node._meta
     lines += [f"{pad}batch_size={tuple(batch_size)},", f"{pad}device={device}", " " * indent + ")"]
+    return "\n".join(lines)
+
+
+def _value(value: Any, indent: int) -> str:
+    if isinstance(value, torch.Tensor):
+        return _leaf(value)
+    if isinstance(value, Node):
+        return node_repr(value, indent)
+    if isinstance(value, Holder):  # a nested tensorclass
+        return record_repr(value, indent)
+    return repr(value)
+
+
+def record_repr(tc: Any, indent: int = 0) -> str:
+    """A tensorclass's repr: ``ClassName(field=..., ..., batch_size=(...), device=...)``, one field a line."""
+    pad = " " * (indent + 4)
+    lines = [f"{type(tc).__name__}("]
+    lines += [f"{pad}{name}={_value(getattr(tc, name), indent + 4)}," for name in type(tc)._fields]
+    lines.append(f"{pad}batch_size={tuple(tc.batch_size)},")
+    lines.append(f"{pad}device={tc.device}")
+    if tc.tags:
+        lines[-1] += ","
+        lines.append(f"{pad}tags={{{', '.join(sorted(t.name for t in tc.tags))}}}")
+    lines.append(" " * indent + ")")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ import torch
 from ._base import Node
 from ._keys import display
 from ._memmap import as_bytes, assemble, checked_size, describe, mappable, open_regular, read_header
-from ._pickle import root_name
+from ._names import name_of
 from ._tags import Locked, retag, tag_rule
 from ._torch_private import storage_id
 from .errors import SerializationError
@@ -161,7 +161,7 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
     doc = {
         "format": FORMAT,
         "version": VERSION,
-        "type": root_name(type(node)._root),
+        "type": name_of(type(node)._root),
         "tags": sorted(t.name for t in type(node)._tags),
         "tree": tree,
         "packed": packed,

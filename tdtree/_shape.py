@@ -24,6 +24,7 @@ import torch
 from ._base import Node, NodeT, from_meta
 from ._maps import rebuild
 from ._tags import tag_rule
+from ._validate import dim_index
 from .errors import BatchDimError, BatchSizeError
 
 __all__ = [
@@ -49,12 +50,13 @@ def batch_dim(node: Node, dim: int, op: str, extra: int = 0) -> int:
     """``dim`` as a non-negative batch dim of ``node``; ``extra`` widens the range (1 for unsqueeze)."""
     batch = node._meta[1]
     n = len(batch) + extra
-    if not -n <= dim < n:
+    d = dim_index(dim, n)
+    if d is None:
         raise BatchDimError(
             f"{op}: dim {dim} is out of range for the batch dims of a node with batch_size {tuple(batch)} "
             f"(expected a dim in [{-n}, {n - 1}]; feature dims cannot be used)"
         )
-    return dim + n if dim < 0 else dim
+    return d
 
 
 def _shape_arg(shape: tuple[Any, ...]) -> tuple[int, ...]:

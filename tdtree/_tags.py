@@ -17,7 +17,6 @@ every other factory builds untagged nodes (DESIGN 3.1).
 
 from __future__ import annotations
 
-import enum
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -27,7 +26,8 @@ import optree
 import torch
 
 from ._base import NO_TAGS, TAGGED_TYPES, UNTAGGED_TYPES, Holder, Node, make_tagged, with_meta
-from ._pytree import NAMESPACE, register
+from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
+from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
 
 __all__ = [
@@ -46,109 +46,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Tag(enum.Enum):
-    """A claim a node makes about all of its leaves; compared by identity, sorted by name.
-
-    An enum, because dynamo treats enum members as constants: a compiled
-    function that locks, unlocks or rebuilds a tagged node traces as eager runs.
-    Pickled by name (a pickle does not depend on the claims' wording).
-    """
-
-    Locked = "writes go in place only; the functional editors refuse"
-    Shared = "every leaf with data lives in shared memory"
-    Memmap = "every leaf with data is backed by a memory-mapped file"
-
-    @property
-    def claim(self) -> str:
-        """What a node carrying this tag promises about its leaves."""
-        return self.value  # type: ignore[no-any-return]  # every member's value is its claim, a str
-
-    def __repr__(self) -> str:
-        return self.name
-
-    __str__ = __repr__
-    # by identity, as a tag compares: enum's hash (of the name) is Python code that dynamo
-    # would trace, and guard on, wherever a compiled function hashes a node's tags
-    __hash__ = object.__hash__
-
-    def __reduce_ex__(self, protocol: object) -> tuple[Callable[[str], Tag], tuple[str]]:
-        return tag_named, (self.name,)
-
-    def __lt__(self, other: Tag) -> bool:
-        return self.name < other.name
-
-
-Locked = Tag.Locked
-Shared = Tag.Shared
-Memmap = Tag.Memmap
-_BY_NAME = {t.name: t for t in (Locked, Shared, Memmap)}
-
-
-def tag_named(name: str) -> Tag:
-    """The tag called ``name``; ValueError for an unknown name."""
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise ValueError(f"unknown tag {name!r}; tags are {sorted(_BY_NAME)}") from None
-
-
-_TYPES: dict[tuple[type, frozenset], type] = {}
-# root -> its tagged types with their tags, for retag: compiled code compares tag sets but cannot hash them
-_VARIANTS: dict[type, list[tuple[frozenset, type]]] = {}
-
-
-def refuse_tagged(cls: type, what: str) -> TypeError:
-    """The error for building a node of the tagged type ``cls`` by ``what`` (a constructor)."""
-    root = getattr(cls, "_root", cls).__name__
-    return TypeError(
-        f"{what}: {cls.__name__} is a tagged type and cannot be built directly: tags claim what the "
-        f"storage is, and a node built from leaves has none to check. Build a {root} and call "
-        ".lock(), .share_memory() or .memmap(prefix) on it."
-    )
-
-
-def _refused_init(self: Any, *args: Any, **kwargs: Any) -> None:
-    cls = type(self)
-    raise refuse_tagged(cls, f"{cls.__name__}(...)")
-
-
-def tagged_type(root: type, tags: Iterable[Tag]) -> type:
-    """The node type ``root`` with exactly ``tags``, made and registered once."""
-    tags = frozenset(tags)
-    if not tags:
-        return root
-    cls = _TYPES.get((root, tags))
-    if cls is not None:
-        return cls
-    for tag in tags:
-        if not isinstance(tag, Tag):
-            raise TypeError(f"{root.__name__}[...] takes tags (Locked, Shared, Memmap), got {tag!r}")
-    order = sorted(tags)
-    bases = tuple(tagged_type(root, tags - {t}) for t in order)
-    name = f"{root.__name__}[{', '.join(t.name for t in order)}]"
-    cls = type(root)(
-        name,
-        bases,
-        {
-            "__slots__": (), "_tags": tags, "_root": root, "__module__": root.__module__, "__qualname__": name,
-            "__init__": _refused_init,
-        },
-    )
-    register(cls)
-    _TYPES[(root, tags)] = cls
-    _VARIANTS.setdefault(root, []).append((tags, cls))
-    return cls
-
-
-def _variant(root: type, tags: frozenset) -> Any:
-    """``tagged_type(root, tags)`` for non-empty ``tags``, found by comparing tag sets (which dynamo
-    traces) where tagged_type's cache hashes them (which it cannot)."""
-    for have, cls in _VARIANTS.get(root, ()):
-        if have == tags:
-            return cls
-    return tagged_type(root, tags)
 
 
 def retag(node: Any, tags: frozenset) -> Any:
@@ -178,7 +75,7 @@ def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
         return with_meta(root, data, (keys, batch_size, device, NO_TAGS))
     cls: Any = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
     if cls is None:
-        cls = types[root] = _variant(root, tags)
+        cls = types[root] = variant(root, tags)
     return make_tagged(cls, data, (keys, batch_size, device, cls._tags))
 
 

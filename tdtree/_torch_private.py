@@ -2,7 +2,8 @@
 
 torch has no public way to ask these questions, so each is read from a private
 name here and nowhere else; ``tests/test_torch_private.py`` fails loudly when a
-torch release moves one of them.
+torch release moves one of them. Checked against torch 2.13.0 (the version the
+Makefile pins).
 
 * Whether a ``torch.func`` transform is running: ``torch._foreach_*`` kernels
   have no batching rule, so the leaf-wise maps run per-leaf ops inside a
@@ -17,6 +18,8 @@ torch release moves one of them.
 * Whether a storage holds bytes when its size is data-dependent (``td[mask]``
   under ``torch.compile``): ``guard_or_true`` answers without guarding on a
   size the trace cannot know, and the answer is "it may", so the rule fails safe.
+* torch's pytree registry (``torch.utils._pytree``): how ``torch.func``, ``torch.compile`` and
+  ``torch.export`` see nodes and tensorclasses as trees; it has no public spelling.
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
@@ -28,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as torch_pytree
 from torch._C import _functorch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
@@ -41,6 +45,7 @@ __all__ = [
     "nonstrict_trace",
     "compile_counter",
     "graph_breaks",
+    "torch_pytree",
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a

@@ -17,7 +17,7 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device"]
+__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device", "common_device", "dim_index"]
 
 
 _Size = torch.Size  # a module global: ``torch.Size`` is an attribute read off the torch module on every use
@@ -42,6 +42,14 @@ def as_batch_size(batch_size: int | Sequence[int] | torch.Size | None) -> torch.
         if dim < 0:
             raise ValueError(f"batch_size {tuple(size)} has a negative dimension")
     return size
+
+
+def dim_index(dim: object, n: int) -> int | None:
+    """``dim`` as an index into ``n`` dims when it is an int in ``[-n, n)`` (counted as torch counts
+    dims), else None: the one normalisation of a batch dim, whose callers raise naming what it is for."""
+    if isinstance(dim, int) and -n <= dim < n:
+        return dim + n if dim < 0 else dim
+    return None
 
 
 def as_device(device: Any) -> torch.device | None:
@@ -164,7 +172,9 @@ def _has_leaves(node: Node) -> bool:
     return any(not isinstance(v, Node) or _has_leaves(v) for v in node._data.values())
 
 
-def _common_device(values: Any) -> torch.device | None:
+def common_device(values: Any) -> torch.device | None:
+    """The device every one of ``values`` (tensors and nodes) is on, else None. A sub-node without a
+    device holding no leaves does not count; one holding leaves has them on different devices."""
     found: torch.device | None = None
     for v in values:
         if isinstance(v, Node):
@@ -265,7 +275,7 @@ def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[di
     """
     if device is not None:
         return data, device
-    device = _common_device(data.values())
+    device = common_device(data.values())
     if device is None:
         return data, None
     if not any(isinstance(v, Node) and v._meta[2] is None for v in data.values()):

@@ -24,7 +24,8 @@ from ._base import Node
 from ._maps import leaves, rebuild
 from ._pytree import NAMESPACE
 from ._tags import decide
-from ._tcops import RecordOps
+from ._tensorclass import RecordOps
+from ._validate import dim_index
 
 __all__ = ["vmap"]
 
@@ -84,20 +85,22 @@ def _in_dim(path: tuple[Any, ...], unit: Any, dim: int) -> tuple[int, int]:
     if _is_unit(unit):
         batch_size = _node_of(unit)._meta[1]
         n = len(batch_size)
-        if not -n <= dim < n:
+        d = dim_index(dim, n)
+        if d is None:
             raise ValueError(
                 f"tdtree.vmap: in_dim {dim} for {_where('in_dims', path)}, {_kind(unit)} with batch_size "
                 f"{tuple(batch_size)}, is not one of its batch dims"
                 + ("; for nodes without batch dims (parameter ensembles) use torch.func.vmap" if n == 0 else "")
             )
-        return dim % n, batch_size[dim]
+        return d, batch_size[d]
     if isinstance(unit, torch.Tensor):
-        if not -unit.ndim <= dim < unit.ndim:
+        d = dim_index(dim, unit.ndim)
+        if d is None:
             raise ValueError(
                 f"tdtree.vmap: in_dim {dim} for {_where('in_dims', path)} is out of range for a tensor of shape "
                 f"{tuple(unit.shape)}"
             )
-        return dim % unit.ndim, unit.shape[dim]
+        return d, unit.shape[d]
     raise ValueError(
         f"tdtree.vmap: in_dim {dim} for {_where('in_dims', path)}, which is {_kind(unit)}: only nodes, "
         "tensorclasses and tensors can be mapped; give None for it in in_dims (or pass it as a keyword argument)"
@@ -148,22 +151,23 @@ def _inserted(path: tuple[Any, ...], unit: Any, dim: int, size: int, it: Any) ->
     if _is_unit(unit):
         batch_size = _node_of(unit)._meta[1]
         n = len(batch_size) + 1
-        if not -n <= dim < n:
+        d = dim_index(dim, n)
+        if d is None:
             raise ValueError(
                 f"tdtree.vmap: out_dim {dim} for {_where('out_dims', path)}, {_kind(unit)} with batch_size "
                 f"{tuple(batch_size)} inside the function, is out of range (-{n}..{n - 1})"
             )
-        d = dim % n
         # torch.func.vmap returned the mapped dim first
         move = (lambda _: next(it)) if d == 0 else (lambda _: next(it).movedim(0, d))
         return _rebuilt(unit, move, torch.Size((*batch_size[:d], size, *batch_size[d:])))
     t = next(it)
-    if not -t.ndim <= dim < t.ndim:
+    d = dim_index(dim, t.ndim)
+    if d is None:
         raise ValueError(
             f"tdtree.vmap: out_dim {dim} for {_where('out_dims', path)} is out of range for a tensor of shape "
             f"{tuple(t.shape[1:])} inside the function"
         )
-    return t if dim == 0 else t.movedim(0, dim)
+    return t if d == 0 else t.movedim(0, d)
 
 
 def vmap(
@@ -206,6 +210,12 @@ def vmap(
             dims differ in size.
         TypeError: ``func`` returned something other than nodes,
             tensorclasses, tensors, None and containers of them.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.ones(5, 3)}, batch_size=[5])
+    >>> out = tt.vmap(lambda q: q.sum())(td)  # inside, q has batch_size (); the sum is over nothing
+    >>> out.batch_size, out["x"].shape
+    (torch.Size([5]), torch.Size([5, 3]))
     """
 
     @functools.wraps(func)

@@ -42,7 +42,8 @@ from ._keys import display
 from ._memmap import _ORIGIN
 from ._node import TensorDict
 from ._tags import Locked, Memmap, Shared, retag
-from ._tensorclass import Layout, TensorClass, _hints, _tensorclass_in, from_layout, layout
+from ._tensorclass import Layout, TensorClass, from_layout, layout
+from ._tensorclass._class import _hints, _tensorclass_in
 from ._validate import as_batch_size, build
 from .errors import FieldError
 
@@ -51,7 +52,7 @@ __all__ = ["from_tensordict", "to_tensordict"]
 
 def _require(what: str) -> ModuleType:
     try:
-        import tensordict
+        import tensordict  # an optional dependency, imported by the functions that need it
     except ImportError as err:
         raise ImportError(
             f"tdtree.{what} needs the optional tensordict package: pip install tensordict"
@@ -146,6 +147,9 @@ def _tags_of(td: Any, node: Node) -> frozenset:
 
 def from_tensordict(td: Any, /, cls: type | None = None) -> Any:
     """A tdtree node holding the same tensors as the tensordict (or tensorclass instance) ``td``.
+
+    The module functions cross to the tensordict package; a tdtree tensorclass's
+    ``from_tensordict`` / ``to_tensordict`` methods stay inside tdtree (a tdtree TensorDict).
 
     Args:
         td: a ``tensordict.TensorDict`` or a tensordict tensorclass instance;

@@ -89,6 +89,7 @@ def sgd(
         or None without momentum). Results hold new tensors, so tags are
         dropped (the rule).
 
+    >>> import torch, tdtree
     >>> p = tdtree.TensorDict({"w": torch.ones(2)})
     >>> sgd(p, p, lr=0.5)[0]["w"]
     tensor([0.5000, 0.5000])
@@ -156,6 +157,7 @@ def adam(
         New parameters and the new :class:`AdamState`. Results hold new
         tensors, so tags are dropped (the rule).
 
+    >>> import torch, tdtree
     >>> p = tdtree.TensorDict({"w": torch.ones(2)})
     >>> new, state = adam(p, p, adam_init(p), lr=0.1)
     >>> new["w"], state.step

@@ -14,7 +14,8 @@ signatures and argument order are optree's. Two differences, both about tags:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import optree
 
@@ -54,6 +55,7 @@ def map(func: Callable[..., Any], tree: Any, /, *rests: Any, is_leaf: Callable[[
     Tags follow the rule with every tree as an input: kept only when every leaf of the
     result reuses a storage of the inputs.
 
+    >>> import torch, tdtree
     >>> sh = tdtree.TensorDict({"x": torch.zeros(2)}).share_memory()
     >>> map(lambda x: x, sh).tags == sh.tags, map(lambda x: x + 1, sh).tags
     (True, frozenset())

@@ -92,7 +92,7 @@ EDITORS: dict[str, Callable[[TensorDict], Any]] = {
     "update-dict": lambda td: td.update({"e": td["a"] * 2, ("sub", "f"): td["a"]}),
     "rename": lambda td: (td.rename({"a": ("z", "q")}), td["a"] * 2),
     "exclude": lambda td: (td.exclude("a", ("sub", "c")), td["a"] * 2),
-    "tdsequential": lambda td, seq=_seq(): seq(td).set("e", td["a"] * 2),
+    "tdsequential": lambda td, seq=_seq(): seq(td).set("e", td["a"] * 2),  # noqa: B008 - one module for the table
 }
 
 

@@ -644,7 +644,7 @@ def test_a_transfer_after_mismatches_is_intact(results: list[dict[str, Any]]) ->
     sender, receiver = _outcome(results, "mismatches")
     assert sender["after"] is None
     assert_equal(receiver["after"], nested(5))
-    for rank, got in enumerate((sender, receiver)):
+    for got in (sender, receiver):
         kind, message, _ = got["collective"]
         assert kind == StructureMismatchError.__name__ and "rank 1" in message and "(4, 2)" in message
 

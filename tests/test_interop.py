@@ -377,3 +377,18 @@ def test_exported_program_with_a_tagged_output_loads_in_a_fresh_process(tmp_path
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[0] == "TensorDict [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]"
+
+
+@needs_tensordict
+def test_a_tensorclass_from_tensordict_takes_a_tdtree_node_and_names_the_converter() -> None:
+    class Point(tt.TensorClass):
+        x: torch.Tensor
+
+    x = torch.zeros(2)
+    outside = tensordict.TensorDict({"x": x}, [2])
+    with pytest.raises(TypeError, match=r"takes a tdtree TensorDict.*tdtree\.from_tensordict\(td, cls=Point\)"):
+        Point.from_tensordict(outside)
+    converted = tt.from_tensordict(outside, cls=Point)
+    inside = Point.from_tensordict(tt.TensorDict({"x": x}, [2]))
+    assert type(converted) is Point and type(inside) is Point
+    assert converted.x is x and inside.x is x

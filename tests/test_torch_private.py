@@ -1,8 +1,11 @@
 """torch's private names that tdtree reads (``tdtree._torch_private``) still exist and still mean what
 tdtree takes them to mean: a torch release that moves one fails here, by name, before anything else."""
 
+import inspect
+
 import torch
 
+import tdtree
 from tdtree import _foreach
 from tdtree import _torch_private as P
 
@@ -167,3 +170,14 @@ def test_compile_counter_counts_frames_and_graph_breaks_are_counted():
 
     torch.compile(breaks, backend="eager")(torch.ones(2))
     assert P.graph_breaks() == before + 1
+
+
+def test_torch_pytree_registers_with_the_arguments_tdtree_gives():
+    params = inspect.signature(P.torch_pytree.register_pytree_node).parameters
+    for name in ("serialized_type_name", "to_dumpable_context", "from_dumpable_context", "flatten_with_keys_fn"):
+        assert name in params, name
+    node = tdtree.TensorDict({"a": torch.zeros(2)}, [2])
+    leaves, spec = P.torch_pytree.tree_flatten(node)
+    assert leaves[0] is node["a"] and P.torch_pytree.tree_unflatten(leaves, spec)["a"] is node["a"]
+    paths = [path for path, _ in P.torch_pytree.tree_flatten_with_path(node)[0]]
+    assert paths == [(P.torch_pytree.MappingKey("a"),)]

@@ -11,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import nn
-from torch.nn.modules import module as _torch_module
 
 # the functions, not the module: compiled code reaching _keyops both as this module's global and
 # as the globals of the functions it inlines pays a Python guard on every call
@@ -75,7 +73,7 @@ class TDModule(nn.Module):
         module: Any = self._modules["module"]
         ins = self._in
         # one in key (the usual case) skips building an argument list
-        out = _call(module, get(td, ins[0])) if len(ins) == 1 else module(*[get(td, p) for p in ins])
+        out = module(get(td, ins[0])) if len(ins) == 1 else module(*[get(td, p) for p in ins])
         keys = self._out
         if len(keys) == 1:
             # isinstance first: for a tensor output, compiled code then never builds type(out), a second
@@ -97,51 +95,6 @@ class TDModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_keys={self.in_keys}, out_keys={self.out_keys}"
-
-
-# nn.Module's own call path, captured at import: a subclass or a tracer (torch.fx patches
-# nn.Module.__call__ while it traces) that replaces it is called through it.
-_MODULE_CALL = nn.Module.__call__
-_CALL_IMPL = nn.Module._call_impl
-_is_compiling = torch.compiler.is_compiling
-_tracing = torch._C._get_tracing_state
-# the dicts behind nn.modules.module.register_module_forward_hook & co: torch fills and empties
-# them in place, so these names see every global hook
-_GLOBAL_HOOKS = (
-    _torch_module._global_forward_pre_hooks,
-    _torch_module._global_forward_hooks,
-    _torch_module._global_backward_pre_hooks,
-    _torch_module._global_backward_hooks,
-)
-
-
-def _call(module: Any, arg: Any) -> Any:
-    """``module(arg)``, with ``module.forward(arg)`` called directly when that is all ``module(arg)`` would do.
-
-    ``nn.Module.__call__`` costs ~0.7 us before it reaches ``forward`` when the module has no hooks,
-    a third of a small TDModule's call; a TDSequential pays it once per member. The checks below
-    are the conditions of its fast path (no module or global hook, no ``module.compile()``, no
-    ``torch.jit.trace``), so the result, hooks and errors are the same. Compiled code takes the
-    ordinary call, so the graph is that of ``module(arg)`` (with two more guards, on the code of
-    this function and of ``is_compiling``).
-    """
-    if (
-        _is_compiling()
-        or module._forward_pre_hooks
-        or module._forward_hooks
-        or module._backward_pre_hooks
-        or module._backward_hooks
-        or module._compiled_call_impl is not None
-        or _GLOBAL_HOOKS[0]
-        or _GLOBAL_HOOKS[1]
-        or _GLOBAL_HOOKS[2]
-        or _GLOBAL_HOOKS[3]
-        or _tracing()
-        or type(module).__call__ is not _MODULE_CALL
-        or type(module)._call_impl is not _CALL_IMPL
-    ):
-        return module(arg)
-    return module.forward(arg)
 
 
 def _written(path: tuple[str, ...], written: set[tuple[str, ...]]) -> bool:
@@ -233,7 +186,7 @@ class TDSequential(nn.Module):
         out = td
         for module in self._modules.values():
             if module is not None:  # torch allows None children; the constructor adds none
-                out = _call(module, out)
+                out = module(out)
         if self._drop:
             dropped = [_dropped(path, tops, td) for path, tops in self._drop]
             drop = [q for q in dropped if q is not None]

@@ -27,8 +27,9 @@ def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | Non
 
     Built with ``make``, not the validating constructor: a module's tensors
     always fit batch size ``()`` and its attribute names are distinct strs. The
-    device is found as ``build`` finds it: the one every entry has, else None
-    (a sub-node's None means its own leaves disagree). This keeps
+    device is found as ``build`` finds it (:func:`tdtree._validate.common_device`: the one
+    every entry has, else None; a sub-node's None means its own leaves disagree), inline:
+    a call of that helper per sub-module costs from_module about a tenth. This keeps
     ``from_module`` at a walk over the module's dicts.
     """
     data: dict[str, Any] = {}
@@ -87,7 +88,7 @@ def from_module(module: nn.Module, *, split: bool = False) -> TensorDict | tuple
         sub-modules appear once per path, holding the same tensor object.
 
     >>> from_module(nn.Sequential(nn.Linear(3, 4))).keys(include_nested=True)
-    dict_keys(['0', ('0', 'bias'), ('0', 'weight')])
+    NestedKeysView(['0', ('0', 'bias'), ('0', 'weight')])
     """
     if split:
         return _node(module, True, False), _node(module, False, True)

@@ -14,6 +14,7 @@ this package registers the strategies at once (for checkouts whose entry points
 are not installed).
 """
 
+import importlib
 import sys
 from typing import Any
 
@@ -39,9 +40,8 @@ _LAZY = {
 
 def _with_strategies() -> None:
     """Import the strategies and register them with hypothesis (once)."""
-    from ._register import register_strategies
-
-    register_strategies()
+    # imported on first use, as the lazy names below: these modules import hypothesis, an optional dependency
+    importlib.import_module(f"{__name__}._register").register_strategies()
 
 
 if sys.modules.get("hypothesis") is not None:
@@ -51,7 +51,5 @@ if sys.modules.get("hypothesis") is not None:
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'tdtree.testing' has no attribute {name!r}")
-    import importlib
-
     _with_strategies()
     return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -22,7 +22,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from .. import TensorDict
-from .._tcpytree import watch
+from .._tensorclass._pytree import watch
 from ._strategies import tensordicts
 from ._tagging import TAG_SETS
 from ._tcstrategies import tensorclasses

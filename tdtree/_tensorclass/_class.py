@@ -13,11 +13,11 @@ A tensorclass instance holds
 
 Whether a field is data or static is decided by its value, so an optional
 tensor field (``x: torch.Tensor | None = None``) is static while None.
-Operations are thin methods (:mod:`tdtree._tcops`) that run the TensorDict
+Operations are thin methods (:mod:`tdtree._tensorclass._ops`) that run the TensorDict
 operation on ``_td`` and rewrap the result with :func:`rewrap`: the tag rule
 and every other behaviour are the TensorDict's.
 
-The pytree registration and :func:`rewrap` are in :mod:`tdtree._tcpytree`.
+The pytree registration and :func:`rewrap` are in :mod:`tdtree._tensorclass._pytree`.
 """
 
 from __future__ import annotations
@@ -31,15 +31,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import torch
 
-from ._base import Node, make, sorted_data
-from ._node import TensorDict
-from ._tags import tag_rule
-from ._tcops import RecordOps
-from ._tcpytree import register, rewrap
-from ._validate import CPU, NO_BATCH, as_batch_size, as_device, build
-from .errors import BatchSizeError, FieldError
+from .._base import Node, make, sorted_data
+from .._node import TensorDict
+from .._repr import record_repr
+from .._tags import Locked, tag_rule
+from .._validate import CPU, NO_BATCH, as_batch_size, as_device, build
+from ..errors import BatchSizeError, FieldError, LockedError
+from ._layout import Layout, layout
+from ._ops import RecordOps
+from ._pytree import register, rewrap
 
-__all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "layout", "from_layout"]
+__all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "from_layout"]
 
 STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
 _DATA = (torch.Tensor, Node)
@@ -64,7 +66,6 @@ class TensorClassMeta(type):
     _fields: tuple[str, ...]
     _fieldset: frozenset[str]
     _defaults: dict[str, Any]
-    _path: str
 
     def __new__(mcls, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kwargs: Any) -> TensorClassMeta:
         inherited: list[str] = []
@@ -393,7 +394,10 @@ def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
     ``from_tensordict``); the result keeps ``td``'s tags (the same leaves).
     """
     if not isinstance(td, TensorDict):
-        raise TypeError(f"{cls.__name__}.from_tensordict takes a TensorDict, got {type(td).__name__}")
+        raise TypeError(
+            f"{cls.__name__}.from_tensordict takes a tdtree TensorDict, got {type(td).__name__}; for a "
+            f"tensordict package object use tdtree.from_tensordict(td, cls={cls.__name__})"
+        )
     hints = _hints(cls)
     values: dict[str, Any] = dict(static)
     for key, value in td._data.items():
@@ -422,14 +426,6 @@ def _tensorclass_in(hint: Any) -> Any:
 
 
 # -- layouts: what a tensorclass adds to its inner node (pickle and memmap) -------------------
-
-Layout = tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]
-
-
-def layout(tc: Any) -> Layout:
-    """``(class, static pairs, ((field, nested layout), ...))``: with the inner node, the whole instance."""
-    nested = tuple((k, layout(v)) for k in type(tc)._fields if isinstance(v := getattr(tc, k), TensorClass))
-    return type(tc), tc._static, nested
 
 
 def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) -> Any:
@@ -468,6 +464,11 @@ def _unpickle(lay: Layout, td: TensorDict) -> Any:
     return from_layout(lay, td, lambda reason: TypeError(f"cannot unpickle a tensorclass: {reason}"))
 
 
+# Pickles name this function; they were written while it lived in the module tdtree._tensorclass,
+# which the package re-exports it as, so old and new pickles name the same place.
+_unpickle.__module__ = "tdtree._tensorclass"
+
+
 # -- the base class ---------------------------------------------------------------------------
 
 
@@ -494,6 +495,14 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
         FieldError: an unknown or missing field, or a value whose type does not fit the
             field's annotation (the message names the field).
         BatchSizeError: a data field's shape does not start with ``batch_size``.
+
+    >>> import torch, tdtree as tt
+    >>> class Step(tt.TensorClass):
+    ...     obs: torch.Tensor
+    ...     phase: str = "train"
+    >>> s = Step(torch.zeros(4, 3), batch_size=[4])
+    >>> s[1:].batch_size, (s + 1).obs[0], s.replace(phase="eval").phase
+    (torch.Size([3]), tensor([1., 1., 1.]), 'eval')
     """
 
     __slots__ = ("_td", "_static")
@@ -527,9 +536,20 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
         return _unpickle, (layout(self), self._td)
 
     def __repr__(self) -> str:
-        from ._tcrepr import record_repr
-
         return record_repr(self)
+
+    def replace(self, **fields: Any) -> typing.Self:
+        """A new instance with ``fields`` replaced, checked as in the constructor; the other fields
+        shared. Tags by the rule (kept when every leaf is one this instance had).
+
+        Raises:
+            LockedError: the instance is ``Locked`` (write in place with ``copy_`` or ``unlock()``).
+            FieldError: an unknown field, or a value of the wrong type.
+            BatchSizeError: a new value does not start with the batch size.
+        """
+        if Locked in self._td._meta[3]:
+            raise LockedError("replace")
+        return replaced(self, fields)  # type: ignore[no-any-return]
 
     def _wrap(self, out: TensorDict) -> typing.Self:
         return rewrap(self, out)  # type: ignore[no-any-return]
@@ -537,7 +557,10 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
     @classmethod
     def from_tensordict(cls, td: TensorDict, **static: Any) -> typing.Self:
         """An instance whose data fields are ``td``'s entries (same leaves, same tags) and whose other
-        fields are given by name (or defaults)."""
+        fields are given by name (or defaults).
+
+        ``td`` is a tdtree :class:`TensorDict`, as tensordict's method of this name takes that package's
+        own; :func:`tdtree.from_tensordict` (``cls=``) converts from the tensordict package."""
         return from_tensordict(cls, td, static)  # type: ignore[no-any-return]
 
 

@@ -1,43 +1,29 @@
-"""A tensorclass's layout as JSON, for the metadata file of a memmap directory.
+"""Loading a memmap directory: :func:`load_memmap`, and the tensorclass record (see
+:mod:`tdtree._tensorclass._layout`) read back around the loaded node.
 
-The record names the class by its import path and holds the static fields'
-values (an enum member as its enum's path and member name) and the records of
-nested tensorclasses. Loading accepts only a class in the registry of
-tensorclasses made in this process (:func:`tdtree._tcpytree.registered`)
-and an enum that the field's own annotation names: nothing is imported, so a
-file can never run code.
+Loading accepts only a class in the name table of tensorclasses made in this
+process (:func:`tdtree._tensorclass._pytree.registered`) and an enum that the field's own
+annotation names: nothing is imported, so a file can never run code.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import types
 import typing
 from collections.abc import Callable
 from typing import Any
 
-from ._node import TensorDict
-from ._tcpytree import registered
-from ._tensorclass import Layout, _hints, from_layout
+from .._memmap import load
+from .._node import TensorDict
+from .._tags import tag_rule
+from ..errors import MemmapError
+from ._class import _hints, from_layout
+from ._layout import Layout
+from ._pytree import registered
 
-__all__ = ["record", "from_record"]
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        kind = type(value)
-        return {"enum": f"{kind.__module__}.{kind.__qualname__}", "name": value.name}
-    return value
-
-
-def record(lay: Layout) -> dict[str, Any]:
-    """The JSON-able record of a layout (see :func:`tdtree._tensorclass.layout`)."""
-    cls, static, nested = lay
-    return {
-        "class": cls._path,  # type: ignore[attr-defined]
-        "static": [[k, _encode(v)] for k, v in static],
-        "nested": [[k, record(sub)] for k, sub in nested],
-    }
+__all__ = ["load_memmap", "from_record"]
 
 
 def _enums(hint: Any) -> list[type[enum.Enum]]:
@@ -88,3 +74,34 @@ def from_record(node: TensorDict, rec: object, corrupt: Callable[[str], Exceptio
     """The tensorclass instance ``rec`` describes around the loaded ``node``; ``corrupt(reason)``
     makes the error for a record that does not fit."""
     return from_layout(_layout(rec, corrupt), node, corrupt)
+
+
+@tag_rule
+def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
+    """The node stored under ``prefix`` by :meth:`TensorDict.memmap`, leaves mapped from its files.
+
+    The directory is opened once and every file read through it, so a load sees
+    one complete directory even while another process replaces ``prefix``. The
+    prefix itself, ``meta.json`` and the leaf files must not be symlinks (parent
+    directories may be), and must be regular files: anything else is refused.
+
+    Args:
+        prefix: the memmap directory.
+        mode: as numpy's memmap: ``"r+"`` maps the files shared: in-place writes go
+            to the files and are seen by every process that maps them. ``"r"``:
+            read-only, every tdtree in-place writer raises WriteError. ``"c"``:
+            copy-on-write, in-place writes stay in this process's memory.
+
+    Returns:
+        The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node; a tensorclass
+        instance when a tensorclass was memmapped (its class must be defined in this process).
+
+    Raises:
+        MemmapError: naming the file: a missing, corrupt, oversized, non-regular or
+            symlinked metadata or leaf file, an unknown format version, a dtype that
+            cannot be mapped, a shape too large, or a leaf file of the wrong size.
+    """
+    node, rec, meta = load(prefix, mode)
+    if rec is None:
+        return node
+    return from_record(node, rec, lambda reason: MemmapError(f"corrupt metadata file {meta}: {reason}"))

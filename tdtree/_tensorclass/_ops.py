@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import torch
 
-from . import _combine
-from ._base import Holder, Node
-from ._tags import Locked, Memmap, Shared, Tag
-from .errors import LockedError
+from .. import _combine
+from .._base import Holder, Node
+from .._memmap import memmap
+from .._tags import Locked, Memmap, Shared, Tag
+from ._layout import layout, record
 
 if TYPE_CHECKING:
-    from ._node import TensorDict
+    from .._node import TensorDict
 
 __all__ = ["RecordOps", "stack", "cat"]
 
@@ -95,20 +96,6 @@ class RecordOps(Holder):
         static fields are not in it."""
         return self._td
 
-    def replace(self, **fields: Any) -> Self:
-        """A new instance with ``fields`` replaced, checked as in the constructor; the other fields
-        shared. Tags by the rule (kept when every leaf is one this instance had).
-
-        Raises:
-            LockedError: the instance is ``Locked`` (write in place with ``copy_`` or ``unlock()``).
-            FieldError: an unknown field, or a value of the wrong type.
-            BatchSizeError: a new value does not start with the batch size.
-        """
-        if Locked in self._td._meta[3]:
-            raise LockedError("replace")
-        from ._tensorclass import replaced
-
-        return replaced(self, fields)
 
     def __bool__(self) -> bool:
         raise RuntimeError(
@@ -180,6 +167,12 @@ class RecordOps(Holder):
         out = self._td.apply(fn, *map(_unwrap, others), batch_size=batch_size)
         return self._wrap(out)
 
+    def named_apply(self, fn: Callable[..., torch.Tensor], *others: Any, batch_size: Any = None) -> Self:
+        """``fn(key, leaf, *others' leaves)`` at every leaf, key as the inner node's nested key (a field
+        name, then the keys below it); tags by the rule."""
+        out = self._td.named_apply(fn, *map(_unwrap, others), batch_size=batch_size)
+        return self._wrap(out)
+
     def __add__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__add__(_unwrap(other)))
 
@@ -204,12 +197,6 @@ class RecordOps(Holder):
     def __rtruediv__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__rtruediv__(_unwrap(other)))
 
-    def __pow__(self, other: Any) -> Self:
-        return self._wrap_any(self._td.__pow__(_unwrap(other)))
-
-    def __rpow__(self, other: Any) -> Self:
-        return self._wrap_any(self._td.__rpow__(_unwrap(other)))
-
     def __floordiv__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__floordiv__(_unwrap(other)))
 
@@ -222,16 +209,17 @@ class RecordOps(Holder):
     def __rmod__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__rmod__(_unwrap(other)))
 
+    def __rpow__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__rpow__(_unwrap(other)))
+
+    def __pow__(self, other: Any) -> Self:
+        return self._wrap_any(self._td.__pow__(_unwrap(other)))
+
     def __neg__(self) -> Self:
         return self._wrap(self._td.__neg__())
 
     def __abs__(self) -> Self:
         return self._wrap(self._td.__abs__())
-
-    def named_apply(self, fn: Callable[..., torch.Tensor], *others: Any, batch_size: Any = None) -> Self:
-        """``fn(key, leaf, *others' leaves)`` at every leaf, key as in the inner node's
-        ``keys(include_nested=True)``; tags by the rule."""
-        return self._wrap(self._td.named_apply(fn, *map(_unwrap, others), batch_size=batch_size))
 
     # Comparisons return instances of bools, as the node's do; hashing stays by identity.
     __hash__ = object.__hash__
@@ -254,12 +242,6 @@ class RecordOps(Holder):
     def __ge__(self, other: Any) -> Self:
         return self._wrap_any(self._td.__ge__(_unwrap(other)))
 
-    def neg(self) -> Self:
-        return self._wrap(self._td.neg())
-
-    def abs(self) -> Self:
-        return self._wrap(self._td.abs())
-
     def exp(self) -> Self:
         return self._wrap(self._td.exp())
 
@@ -269,6 +251,12 @@ class RecordOps(Holder):
     def sqrt(self) -> Self:
         return self._wrap(self._td.sqrt())
 
+    def neg(self) -> Self:
+        return self._wrap(self._td.neg())
+
+    def abs(self) -> Self:
+        return self._wrap(self._td.abs())
+
     def sigmoid(self) -> Self:
         return self._wrap(self._td.sigmoid())
 
@@ -277,6 +265,10 @@ class RecordOps(Holder):
 
     def sign(self) -> Self:
         return self._wrap(self._td.sign())
+
+    def pow(self, exponent: Any) -> Self:
+        """``self ** exponent`` leaf by leaf (an instance, node, tensor or number); drops tags."""
+        return self._wrap(self._td.pow(_unwrap(exponent)))
 
     def clamp(self, min: Any = None, max: Any = None) -> Self:  # noqa: A002
         return self._wrap(self._td.clamp(min, max))
@@ -318,6 +310,14 @@ class RecordOps(Holder):
     def cpu(self) -> Self:
         return self._wrap(self._td.cpu())
 
+    def cuda(self, device: Any = None, non_blocking: builtins.bool = False) -> Self:
+        """``to(CUDA device)``; keeps tags when already there."""
+        return self._wrap(self._td.cuda(device, non_blocking))
+
+    def pin_memory(self) -> Self:
+        """Every leaf in page-locked memory (needs an accelerator); drops tags unless already pinned."""
+        return self._wrap(self._td.pin_memory())
+
     def clone(self, recurse: builtins.bool = True) -> Self:
         """A copy (new storage, no tags); ``recurse=False`` shares the leaves and keeps tags."""
         return self._wrap(self._td.clone(recurse))
@@ -333,10 +333,6 @@ class RecordOps(Holder):
         """An equal instance with leaves mapped from files under ``prefix``, tagged ``{Memmap, Locked}``.
         The directory records the class and static fields: ``tdtree.load_memmap(prefix)`` gives this
         class back (only a tensorclass made in this process is accepted; nothing is imported)."""
-        from ._memmap import memmap
-        from ._tcrecord import record
-        from ._tensorclass import layout
-
         out = memmap(self._td, prefix, existsok, record=record(layout(self)))
         return self._wrap(out)
 
@@ -353,21 +349,28 @@ class RecordOps(Holder):
         self._td.zero_()
         return self
 
-    def update_(self, other: Any) -> Self:
-        """This instance, after writing ``other``'s values (an instance, a node or a mapping of
-        fields) into the existing leaves; checked completely before the first write."""
-        self._td.update_(_unwrap(other))
-        return self
-
-    def fill_(self, key: Any, value: Any) -> Self:
-        """This instance, after filling the field (or every leaf of the nested field) ``key`` with ``value``."""
-        self._td.fill_(key, value)
-        return self
-
     def copy_(self, other: Any) -> Self:
         """This instance, after copying every leaf of ``other`` (an instance or node with the same keys) in."""
         self._td.copy_(_unwrap(other))
         return self
+
+    def update_(self, other: Any) -> Self:
+        """This instance, after writing ``other``'s values (an instance, node or mapping by field and
+        key) into the existing leaves, broadcast; tags kept."""
+        self._td.update_(_unwrap(other))
+        return self
+
+    def fill_(self, key: Any, value: Any) -> Self:
+        """This instance, after filling the data field (or the leaf below it) at ``key`` with ``value``."""
+        self._td.fill_(key, value)
+        return self
+
+    @property
+    def at(self) -> RecordAt[Self]:
+        """``obj.at[idx].set(v)``: a new instance with ``v`` (an instance or node) written at batch index
+        ``idx`` (drops tags; refused when Locked); ``obj.at[idx].set_(v)``: writes in place and returns
+        ``obj`` (keeps tags); ``obj.at[idx].get()``: ``obj[idx]``."""
+        return RecordAt(self)
 
     @classmethod
     def __torch_function__(
@@ -387,11 +390,11 @@ class RecordOps(Holder):
     def double(self) -> Self:
         return self._wrap(self._td.double())
 
-    def half(self) -> Self:
-        return self._wrap(self._td.half())
-
     def bfloat16(self) -> Self:
         return self._wrap(self._td.bfloat16())
+
+    def half(self) -> Self:
+        return self._wrap(self._td.half())
 
     def long(self) -> Self:
         return self._wrap(self._td.long())
@@ -407,13 +410,48 @@ class RecordOps(Holder):
 
 
 T = TypeVar("T", bound="Node | RecordOps")
+R = TypeVar("R", bound=RecordOps)
+
+
+class RecordAtIndex(Generic[R]):
+    """``obj.at[idx]`` of a tensorclass instance: the node's scatter operations on its inner node."""
+
+    __slots__ = ("_obj", "_index")
+
+    def __init__(self, obj: R, index: Any) -> None:
+        self._obj = obj
+        self._index = index
+
+    def get(self) -> R:
+        """``obj[idx]``."""
+        return self._obj[self._index]
+
+    def set(self, value: Any) -> R:
+        """A new instance with ``value`` at ``idx``; refused on Locked instances; tags dropped."""
+        return self._obj._wrap(self._obj._td.at[self._index].set(_unwrap(value)))
+
+    def set_(self, value: Any) -> R:
+        """Write ``value`` at ``idx`` in place; returns the instance."""
+        self._obj._td.at[self._index].set_(_unwrap(value))
+        return self._obj
+
+
+class RecordAt(Generic[R]):
+    """``obj.at`` of a tensorclass instance: index it (``obj.at[idx]``) for the scatter operations."""
+
+    __slots__ = ("_obj",)
+
+    def __init__(self, obj: R) -> None:
+        self._obj = obj
+
+    def __getitem__(self, index: Any) -> RecordAtIndex[R]:
+        return RecordAtIndex(self._obj, index)
+
 
 
 def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int) -> Any:
     if not isinstance(items, (list, tuple)) or not items or not isinstance(items[0], RecordOps):
         return fn(items, dim)
-    from ._tensorclass import layout
-
     first = items[0]
     shape = layout(first)
     for i, item in enumerate(items):
@@ -429,7 +467,15 @@ def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int)
 
 def stack(nodes: Sequence[T], dim: int = 0) -> T:
     """Nodes, or instances of one tensorclass with equal static fields, stacked along a new batch dim
-    ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage)."""
+    ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage).
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
+    >>> tt.stack([td, td + 1], dim=1)["x"]
+    tensor([[0., 1.],
+            [0., 1.],
+            [0., 1.]])
+    """
     return _combined("stack", _combine.stack, nodes, dim)
 
 

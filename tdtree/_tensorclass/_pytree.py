@@ -13,45 +13,46 @@ from collections.abc import Callable
 from typing import Any
 
 import optree
-import torch.utils._pytree as torch_pytree
 
-from ._base import from_meta
-from ._node import TensorDict
-from ._pytree import NAMESPACE, _check_children
-from ._tcops import RecordOps
+from .._base import from_meta
+from .._names import add, every, named
+from .._node import TensorDict
+from .._pytree import NAMESPACE, check_children
+from .._torch_private import torch_pytree
+from ._ops import RecordOps
 
 __all__ = ["register", "registered", "rewrap", "watch"]
 
-# import path -> class, for every tensorclass made; a memmap directory names its class by
-# this path and is loaded back only as a class listed here (nothing is ever imported).
-_REGISTRY: dict[str, type] = {}
 # called with each class made (tdtree.testing registers each with hypothesis through this)
 _WATCHERS: list[Callable[[type], None]] = []
 
 
 def registered(name: object) -> Any:
-    """The tensorclass made under the import path ``name`` (the latest one made), or None."""
-    return _REGISTRY.get(name) if type(name) is str else None
+    """The tensorclass made under the import path ``name`` (the latest one made), or None.
+
+    A memmap directory names its class by this path and is loaded back only as a class
+    found here (nothing is ever imported)."""
+    return named(name, RecordOps)
 
 
 def watch(fn: Callable[[type], None]) -> None:
     """Call ``fn`` with every tensorclass made so far and with each one made from now on."""
     _WATCHERS.append(fn)
-    for cls in list(_REGISTRY.values()):
+    for cls in every(RecordOps):
         fn(cls)
 
 
 def register(cls: Any) -> None:
-    """List ``cls`` under its import path and register it with optree (namespace "tdtree") and torch's pytree."""
-    cls._path = f"{cls.__module__}.{cls.__qualname__}"
-    _REGISTRY[cls._path] = cls
+    """List ``cls`` under its import path in the name table and register it with optree (namespace
+    "tdtree") and torch's pytree."""
+    name = add(cls)
 
     def unflatten(context: Any, children: Any) -> Any:
         return _from_pytree(cls, context, children)
 
     def torch_unflatten(children: Any, context: tuple) -> Any:
         children = list(children)
-        _check_children(context[0], [c._td if isinstance(c, RecordOps) else c for c in children])
+        check_children(context[0], [c._td if isinstance(c, RecordOps) else c for c in children])
         return _from_pytree(cls, context, children)
 
     optree.register_pytree_node(cls, _flatten, unflatten, path_entry_type=optree.GetAttrEntry, namespace=NAMESPACE)
@@ -59,7 +60,7 @@ def register(cls: Any) -> None:
         cls,
         _torch_flatten,
         torch_unflatten,
-        serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+        serialized_type_name=name,
         flatten_with_keys_fn=_torch_flatten_with_keys,
     )
     for fn in _WATCHERS:
