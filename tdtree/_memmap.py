@@ -36,6 +36,7 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
 import weakref
 from collections.abc import Callable
@@ -242,12 +243,19 @@ def assemble(
 def _check_target(prefix: str, existsok: bool) -> None:
     """Refuse ``prefix`` unless it is absent, or (with ``existsok``) an empty directory or one that
     tdtree wrote and that holds nothing else: a meta.json of tdtree's format and exactly the leaf
-    files it names. Nothing else is ever deleted."""
-    if not os.path.lexists(prefix):
+    files it names. Nothing else is ever deleted.
+
+    Another writer may swap its own directory in while this one looks (``swap_in``): the directory
+    is told by the one ``lstat`` taken first, and a directory that no longer is the one ``prefix``
+    names when a check fails was replaced meanwhile, so it was tdtree's and is no refusal.
+    """
+    try:
+        seen = os.lstat(prefix)
+    except FileNotFoundError:
         return
     if not existsok:
         raise MemmapError(f"{prefix} exists; pass existsok=True to replace it")
-    if not os.path.isdir(prefix) or os.path.islink(prefix):
+    if not stat.S_ISDIR(seen.st_mode):  # lstat: a symlink to a directory is not one
         raise MemmapError(f"{prefix} exists and is not a directory; memmap replaces only memmap directories")
     try:
         names = set(os.listdir(prefix))
@@ -261,13 +269,23 @@ def _check_target(prefix: str, existsok: bool) -> None:
         count = _count_leaves(tree)
     except (MemmapError, FileNotFoundError, KeyError, TypeError, RecursionError):
         count = -1
-    if count < 0 and not os.path.lexists(prefix):
+    if count >= 0 and names == {META, *(leaf_name(i) for i in range(count))}:
         return
-    if count < 0 or names != {META, *(leaf_name(i) for i in range(count))}:
-        raise MemmapError(
-            f"{prefix} is not a memmap directory that tdtree wrote (it holds other files, or its {META} is not "
-            "tdtree's): memmap replaces only its own directories (or empty ones), never other files"
-        )
+    if _moved(prefix, seen):
+        return
+    raise MemmapError(
+        f"{prefix} is not a memmap directory that tdtree wrote (it holds other files, or its {META} is not "
+        "tdtree's): memmap replaces only its own directories (or empty ones), never other files"
+    )
+
+
+def _moved(prefix: str, seen: os.stat_result) -> bool:
+    """Whether ``prefix`` names another file than the one ``seen`` described (or none) now."""
+    try:
+        now = os.lstat(prefix)
+    except OSError:
+        return True
+    return (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino)
 
 
 def _count_leaves(tree: Any) -> int:
@@ -469,12 +487,7 @@ def _listdir(path: str) -> list[str]:
 
 def _replaced(prefix: str, dir_fd: int) -> bool:
     """Whether ``prefix`` names another directory than ``dir_fd`` now."""
-    try:
-        now = os.stat(prefix, follow_symlinks=False)
-    except OSError:
-        return True
-    opened = os.fstat(dir_fd)
-    return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
+    return _moved(prefix, os.fstat(dir_fd))
 
 
 def load(prefix: str | os.PathLike[str], mode: str) -> tuple[Any, Any, str]:
