@@ -318,7 +318,11 @@ class _Writes:
             if not targets_writable(self.dst):
                 each_writable(self.op, self.node, self.dst)
             src = read_first(src, self.dst)
-            foreach(torch._foreach_copy_)(self.dst, src)
+            try:
+                foreach(torch._foreach_copy_)(self.dst, src)
+            except RuntimeError:
+                _refused(self.op, self.node, self.dst)
+                raise
         # numbers are read already; tensor values were read by the copy above
         for leaf, value in self.fills:
             leaf.fill_(value)
@@ -416,11 +420,7 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     source = other._data if isinstance(other, Node) else nest(other)
     writes = _Writes("update_", node)
     _update_pairs(node, source, (), same_device(node, other), writes)
-    try:
-        writes.run()
-    except RuntimeError:
-        _refused("update_", node, writes.dst)
-        raise
+    writes.run()
     return node
 
 
@@ -469,11 +469,7 @@ def copy_(node: NodeT, other: Node) -> NodeT:
         raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
     writes = _Writes("copy_", node)
     _copy_pairs(node, other, (), same_device(node, other), writes)
-    try:
-        writes.run()
-    except RuntimeError:
-        _refused("copy_", node, writes.dst)
-        raise
+    writes.run()
     return node
 
 
