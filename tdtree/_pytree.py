@@ -118,7 +118,8 @@ def register(cls: type) -> None:
 
 
 _TYPES: dict[tuple[type, frozenset], type] = {}
-# root -> its tagged types with their tags, for retag: compiled code compares tag sets but cannot hash them
+# root -> its tagged types with their tags, for retag: a compiled retag that finds its type by comparing tag
+# sets guards on less than one that looks it up in _TYPES by hash (7 guards fewer on a view of a Shared node)
 _VARIANTS: dict[type, list[tuple[frozenset, type]]] = {}
 
 
@@ -166,8 +167,8 @@ def tagged_type(root: type, tags: Iterable[Tag]) -> type:
 
 
 def variant(root: type, tags: frozenset) -> Any:
-    """``tagged_type(root, tags)`` for non-empty ``tags``, found by comparing tag sets (which dynamo
-    traces) where tagged_type's cache hashes them (which it cannot)."""
+    """``tagged_type(root, tags)`` for non-empty ``tags``, found by comparing tag sets: under
+    ``torch.compile`` this adds fewer guards than tagged_type's lookup by hash."""
     for have, cls in _VARIANTS.get(root, ()):
         if have == tags:
             return cls
