@@ -80,11 +80,16 @@ def broadcasts(source: torch.Size, target: torch.Size) -> bool:
     return all(s == t or s == 1 for s, t in zip(reversed(source), reversed(target)))
 
 
+# the Python ints torch takes as a number at all (an int64, or a uint64 above int64's range)
+_TORCH_INT_LOW, _TORCH_INT_HIGH = -(2**63), 2**64 - 1
+
+
 def _in_range(value: bool | int | float | complex, dtype: torch.dtype) -> bool:
     """Whether the Python number ``value`` (of a kind the dtype takes) is in ``dtype``'s range.
 
     Integers: within ``torch.iinfo`` (no wrapping: -1 into uint8 is refused, as
-    300 is). Floats and complex parts: finite values up to ``torch.finfo(dtype).max``
+    300 is); into a float or complex dtype, within the 64-bit range torch reads
+    a Python int in before converting it. Floats and complex parts: finite values up to ``torch.finfo(dtype).max``
     in magnitude (torch's own overflow test refuses the rest, after rounding
     would have made some of them fit); inf and nan are values of every float dtype.
     """
@@ -96,6 +101,8 @@ def _in_range(value: bool | int | float | complex, dtype: torch.dtype) -> bool:
     low, high, integral = limits
     if integral:
         return not isinstance(value, complex) and low <= value <= high
+    if type(value) is int and not _TORCH_INT_LOW <= value <= _TORCH_INT_HIGH:
+        return False  # torch reads a Python int as a 64-bit integer first, whatever the leaf's dtype
     parts: tuple[float, ...] = (value.real, value.imag) if isinstance(value, complex) else (value,)
     for part in parts:
         if not (low <= part <= high or (type(part) is float and not math.isfinite(part))):
