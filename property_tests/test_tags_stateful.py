@@ -233,7 +233,8 @@ class TagRuleMachine(RuleBasedStateMachine):
         before = [(t, t.shape, t.dtype) for t in _leaves(td)]
         keys = list(td.keys(include_nested=True))
         source = td.clone()
-        if name in ("update_", "copy_") and _overlapping(td):
+        if name in ("update_", "copy_", "at_set_") and _overlapping(td):
+            # at[...].set_ too: a part of an expanded leaf shares its memory cells with the rest
             try:
                 WRITERS[name](td, source)
             except WriteError as err:

@@ -431,6 +431,7 @@ def rename(node: NodeT, mapping: Mapping[NestedKey, NestedKey]) -> NodeT:
     Refused on a Locked node, or one with a Locked sub-node on a path it edits.
     """
     moves = [(as_path(old), as_path(new)) for old, new in mapping.items()]
+    check_unlocked(node, "rename")  # an empty mapping too: every editor call on a Locked node is refused
     for old, _ in moves:
         _check_path_unlocked(node, old, "rename")
     moved = [(new, get(node, old)) for old, new in moves]

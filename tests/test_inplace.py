@@ -435,7 +435,7 @@ def _unwritable_leaves() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind", sorted(_unwritable_leaves()))
-@pytest.mark.parametrize("op", ["update_", "copy_", "at_set_", "zero_", "update_number"])
+@pytest.mark.parametrize("op", ["update_", "copy_", "at_set_", "at_set_number", "zero_", "update_number"])
 def test_unwritable_leaf_refused_before_any_write(kind: str, op: str) -> None:
     if kind == "expanded" and op == "zero_":
         return  # zero_ writes one value everywhere: an expanded leaf takes it (tested below)
@@ -445,6 +445,7 @@ def test_unwritable_leaf_refused_before_any_write(kind: str, op: str) -> None:
         "update_": lambda t: t.update_(twos),
         "copy_": lambda t: t.copy_(twos),
         "at_set_": lambda t: t.at[:].set_(twos),
+        "at_set_number": lambda t: t.at[:1].set_(2.0),
         "zero_": lambda t: t.zero_(),
         "update_number": lambda t: t.update_({"a": 2.0, "z": 2.0}),
     }[op]

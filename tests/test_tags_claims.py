@@ -273,3 +273,16 @@ def test_compiled_rule_finds_nodes_in_containers_as_eager(backend: str, fn: Any)
 
     assert tags(out) == tags(want)
     assert all(torch.equal(a, b) for a, b in zip(tt.tree.leaves(out), tt.tree.leaves(want), strict=True))
+
+
+def test_every_editor_call_on_a_locked_node_is_refused_even_when_it_would_change_nothing() -> None:
+    # found by the stateful tag machine: rename({}) of a Locked node went through
+    td = tt.TensorDict({"a": torch.zeros(2), "n": {"b": torch.zeros(2)}}, [2]).lock()
+    for edit in (
+        lambda t: t.rename({}),
+        lambda t: t.update({}),
+        lambda t: t.select().rename({}),
+        lambda t: t.setdefault("a", torch.ones(2)),
+    ):
+        with pytest.raises(tt.LockedError):
+            edit(td)
