@@ -40,7 +40,7 @@ NO_TAGS: frozenset = frozenset()
 # The tag rule's gate tells an argument by one lookup of its type in these: values that hold no node
 # and the untagged node types pass, tagged node types stop it. Node types add themselves when made.
 UNTAGGED_TYPES: set[type] = {
-    torch.Tensor, str, int, float, bool, type(None), torch.device, torch.dtype, torch.Size, slice, type(...),
+    torch.Tensor, str, int, float, bool, type(None), torch.device, torch.dtype, torch.Size, slice, range, type(...), complex,
     types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial,
 }
 TAGGED_TYPES: set[type] = set()
