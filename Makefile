@@ -1,8 +1,8 @@
 # make demo: set up .venv when missing and run the main example.
 # make test: the same set-up, then every test and property test (bench cases run once), the docstring
-#   examples (doctests), the import floors
-#   (lint-imports, contract in pyproject.toml), ruff check (rules in pyproject.toml) and mypy over the package
-#   and the typed tensorclass example.
+#   examples (doctests), the import floors (lint-imports, contract in pyproject.toml), ruff check and
+#   ruff format --check (settings in pyproject.toml) and mypy over the package and the typed
+#   tensorclass example.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
 #   (python -m bench.report prints them; python -m bench.compare REF compares with a git ref).
 # make bench-quick: a representative subset (cases marked quick), under 2 minutes.
@@ -31,6 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q --doctest-modules tdtree
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
 	$(PY) -m mypy tdtree examples/typed_tensorclass.py
 
 # Keep in step with BENCH_ARGS in bench/compare.py.

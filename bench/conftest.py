@@ -57,7 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pytree: the case also runs on plain dicts with optree")
     config.addinivalue_line("markers", "quick: part of the representative subset run by make bench-quick")
-    config.addinivalue_line("markers", "no_tensordict: tensordict has no counterpart, so the case has no tensordict row")
+    config.addinivalue_line(
+        "markers", "no_tensordict: tensordict has no counterpart, so the case has no tensordict row"
+    )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

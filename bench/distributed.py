@@ -152,15 +152,24 @@ def _total(state: Any) -> float:
 def _zero(state: Any) -> None:
     if isinstance(state, _ChannelState):
         state = state.td
-    leaves = [state] if isinstance(state, torch.Tensor) else list(
-        tt.tree.leaves(state) if isinstance(state, tt.TensorDict) else
-        state.values() if isinstance(state, dict) else state.values(True, True)
+    leaves = (
+        [state]
+        if isinstance(state, torch.Tensor)
+        else list(
+            tt.tree.leaves(state)
+            if isinstance(state, tt.TensorDict)
+            else state.values()
+            if isinstance(state, dict)
+            else state.values(True, True)
+        )
     )
     for x in leaves:
         x.zero_()
 
 
-def _job(rank: int, world: int, rounds: int, large_mb: int, warmup: int) -> tuple[dict[Any, list[float]], dict[Any, bool]]:
+def _job(
+    rank: int, world: int, rounds: int, large_mb: int, warmup: int
+) -> tuple[dict[Any, list[float]], dict[Any, bool]]:
     # Rounds interleave the impls (in a rotating order), so that load from other processes on a
     # shared machine falls on all of them alike and the ratios stay meaningful.
     times: dict[tuple[str, str], list[float]] = {}
@@ -170,7 +179,9 @@ def _job(rank: int, world: int, rounds: int, large_mb: int, warmup: int) -> tupl
         source, batch = _source(case, large_mb)
         # each impl its own tensors: in-place receives and the zeroing below must not reach the others
         states = {name: IMPLS[name][0]({k: v.clone() for k, v in source.items()}, batch) for name in names}
-        for tag, state in enumerate(states.values()):  # channels are made here, untimed, in the same order on both ranks
+        for tag, state in enumerate(
+            states.values()
+        ):  # channels are made here, untimed, in the same order on both ranks
             if isinstance(state, _ChannelState):
                 state.open(1 - rank, tag)
         n = rounds if case == "small" else max(rounds // 20, 3)

@@ -39,6 +39,7 @@ from .modes import MODES, run_mode
 if tensordict is not None:
     from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 
+
 class AddOne(nn.Module):
     """``x + 1``: tensordict's suite wraps a lambda; tdtree's TDModule takes modules."""
 
@@ -275,9 +276,11 @@ def test_to_module_speed(benchmark, impl: Impl) -> None:
     module = _idle_transformer()
     own = module.encoder.layers[0].linear1.weight
     params = _params(impl, module)
-    params = params.apply(lambda x: x.detach().clone()) if impl.name != "pytree" else {
-        k: v.clone() for k, v in params.items()
-    }
+    params = (
+        params.apply(lambda x: x.detach().clone())
+        if impl.name != "pytree"
+        else {k: v.clone() for k, v in params.items()}
+    )
     if impl.name == "tdtree":
         benchmark(functional_call, module, params)
     elif impl.name == "tensordict":

@@ -35,8 +35,8 @@ def main() -> None:
     )
     params = tt.TensorDict({"w": torch.full((4, 3), float(rank)), "b": torch.zeros(3) + rank})
 
-    mean = ttd.all_reduce(params) / world                # a new node; params is unchanged
-    everyone = ttd.all_gather(batch)                     # batch_size (world, 8): entry i from rank i
+    mean = ttd.all_reduce(params) / world  # a new node; params is unchanged
+    everyone = ttd.all_gather(batch)  # batch_size (world, 8): entry i from rank i
     config = ttd.broadcast(tt.TensorDict({"lr": torch.tensor(0.1 * (rank + 1))}), src=0)
 
     # a ring: send to the next rank, receive from the previous one, shaped like our own batch
@@ -59,11 +59,17 @@ def main() -> None:
     if rank == 0:
         print(f"world size {world}")
         print(f"mean of w over the ranks: {mean['w'][0, 0].item():.2f} (expected {(world - 1) / 2:.2f})")
-        print(f"gathered batch size: {tuple(everyone.batch_size)}, next/reward {tuple(everyone['next', 'reward'].shape)}")
+        print(
+            f"gathered batch size: {tuple(everyone.batch_size)}, next/reward {tuple(everyone['next', 'reward'].shape)}"
+        )
         print(f"lr from rank 0: {config['lr'].item():.2f}")
-        print(f"received from rank {left}: obs equal to its gathered entry: {torch.equal(from_left['obs'], everyone['obs'][left])}")
-        print(f"streamed from rank 1: steps {[int(b['step'][0]) for b in streamed]}, "
-              f"obs equal to its gathered entry: {all(torch.equal(b['obs'], everyone['obs'][1]) for b in streamed)}")
+        print(
+            f"received from rank {left}: obs equal to its gathered entry: {torch.equal(from_left['obs'], everyone['obs'][left])}"
+        )
+        print(
+            f"streamed from rank 1: steps {[int(b['step'][0]) for b in streamed]}, "
+            f"obs equal to its gathered entry: {all(torch.equal(b['obs'], everyone['obs'][1]) for b in streamed)}"
+        )
     dist.destroy_process_group()
 
 

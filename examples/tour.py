@@ -25,8 +25,14 @@ def main() -> None:
     print("select/exclude:", list(acted.select("obs", ("next", "done")).keys(True)), list(acted.exclude("next").keys()))
 
     locked = acted.lock()
-    print("type after lock():", type(locked).__name__, "| select keeps it:", type(locked.select("obs")).__name__,
-          "| clone drops it:", type(locked.clone()).__name__)
+    print(
+        "type after lock():",
+        type(locked).__name__,
+        "| select keeps it:",
+        type(locked.select("obs")).__name__,
+        "| clone drops it:",
+        type(locked.clone()).__name__,
+    )
     try:
         locked.set("x", torch.zeros(4))
     except tt.LockedError as err:
@@ -36,8 +42,12 @@ def main() -> None:
     print("tree.map keeps the structure:", tt.tree.structure(doubled) == tt.tree.structure(acted))
 
     per_row = tt.vmap(lambda row: row.set("obs_sum", row["obs"].sum()))(acted)
-    print("tdtree.vmap: inside, batch_size is () per row; outside", tuple(per_row.batch_size),
-          "and obs_sum", tuple(per_row["obs_sum"].shape))
+    print(
+        "tdtree.vmap: inside, batch_size is () per row; outside",
+        tuple(per_row.batch_size),
+        "and obs_sum",
+        tuple(per_row["obs_sum"].shape),
+    )
 
     grads = torch.func.grad(lambda p: (p["w"] ** 2).sum())(tt.TensorDict({"w": torch.ones(3)}))
     print("torch.func.grad over a node returns a node:", type(grads).__name__, grads["w"].tolist())

@@ -36,10 +36,7 @@ def make_data(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 
 def batches(x: torch.Tensor, y: torch.Tensor, generator: torch.Generator) -> list[tdtree.TensorDict]:
     order = torch.randperm(SAMPLES, generator=generator)
-    return [
-        tdtree.TensorDict({"x": x[idx], "y": y[idx]}, batch_size=[len(idx)])
-        for idx in order.split(BATCH)
-    ]
+    return [tdtree.TensorDict({"x": x[idx], "y": y[idx]}, batch_size=[len(idx)]) for idx in order.split(BATCH)]
 
 
 def make_train_step(model: nn.Module) -> Any:
@@ -104,7 +101,9 @@ def main() -> None:
         for batch in batches(x, y, generator):
             params, state, loss = step(params, state, batch)
             losses.append(loss.item())
-        print(f"epoch {epoch + 1}/{EPOCHS}  loss {sum(losses) / len(losses):.4f}  ({mode}, {time.perf_counter() - start:.1f}s)")
+        print(
+            f"epoch {epoch + 1}/{EPOCHS}  loss {sum(losses) / len(losses):.4f}  ({mode}, {time.perf_counter() - start:.1f}s)"
+        )
 
     batch = batches(x, y, generator)[0]
     eager = steps_per_second(train_step, params, state, batch)

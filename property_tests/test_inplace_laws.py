@@ -136,8 +136,18 @@ def test_a_refused_write_writes_nothing(data: st.DataObject, dtypes: list[torch.
         assert torch.equal(v.detach().contiguous().view(torch.uint8), before[k].view(torch.uint8)), k
 
 
-_NUMBER_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int64, torch.float16, torch.bfloat16,
-                  torch.float32, torch.float64, torch.complex64]
+_NUMBER_DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+]
 _NUMBERS = st.one_of(
     st.booleans(),
     st.integers(-(2**70), 2**70),

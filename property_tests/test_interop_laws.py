@@ -6,6 +6,7 @@ import keyword
 
 import pytest
 import torch
+from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict_like
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -13,10 +14,7 @@ import tdtree as tt
 from tdtree.testing import assert_equal, tensordicts
 from tdtree.testing.laws import assert_pure
 
-from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict_like
-
 from ._snapshot import holds_data
-
 
 # The ways a node gets tags, each paired with the tags it must have.
 TAGGINGS = {

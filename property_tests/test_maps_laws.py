@@ -41,9 +41,18 @@ def check(
 
 
 SCALAR_OPS = {
-    "add": operator.add, "mul": operator.mul, "truediv": operator.truediv, "floordiv": operator.floordiv,
-    "mod": operator.mod, "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
-    "gt": operator.gt, "ge": operator.ge, "sub": operator.sub,
+    "add": operator.add,
+    "mul": operator.mul,
+    "truediv": operator.truediv,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
+    "eq": operator.eq,
+    "ne": operator.ne,
+    "lt": operator.lt,
+    "le": operator.le,
+    "gt": operator.gt,
+    "ge": operator.ge,
+    "sub": operator.sub,
 }
 
 
@@ -144,7 +153,14 @@ def test_named_apply_sees_nested_keys(td):
     assert seen[: len(keys)] == keys
 
 
-REDUCTIONS = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin, "all": torch.all, "any": torch.any}
+REDUCTIONS = {
+    "sum": torch.sum,
+    "mean": torch.mean,
+    "amax": torch.amax,
+    "amin": torch.amin,
+    "all": torch.all,
+    "any": torch.any,
+}
 
 
 @given(st.data(), st.sampled_from(sorted(REDUCTIONS)), st.booleans())
@@ -164,8 +180,13 @@ def test_reductions_over_batch_dims(data, name, keepdim):
     assert_drops_tags(assert_tags(lambda n: getattr(n, name)(dim, keepdim=keepdim), td.lock()))
 
 
-REDUCED = tensordicts(batch_sizes(min_dims=2, max_dims=2, min_side=1), dtypes=(torch.float32,), min_keys=1,
-                      empty_nodes=False, extra_batch_dims=True)
+REDUCED = tensordicts(
+    batch_sizes(min_dims=2, max_dims=2, min_side=1),
+    dtypes=(torch.float32,),
+    min_keys=1,
+    empty_nodes=False,
+    extra_batch_dims=True,
+)
 
 
 @pytest.mark.parametrize("name", ["sum", "mean", "amax"])

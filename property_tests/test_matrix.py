@@ -160,8 +160,9 @@ def _check_claims(node: Any, tags: frozenset, where: str) -> None:
             assert s.filename is not None, f"{where}: a Memmap node holds a leaf with no file behind it"
 
 
-def check_tags(out: Any, inputs: list[Any], common: frozenset, made: Callable[[frozenset], frozenset] | None,
-               where: str) -> None:
+def check_tags(
+    out: Any, inputs: list[Any], common: frozenset, made: Callable[[frozenset], frozenset] | None, where: str
+) -> None:
     """Every node of ``out`` carries the tags the rule gives (or ``made(common)`` for a tag-making op)."""
     known = set().union(*map(_storages, inputs))
     for node in _nodes_in(out):
@@ -215,8 +216,9 @@ def assert_same_values(got: Any, want: Any, path: str = "") -> None:
         assert got is None, f"at {path}: None expected"
     else:
         assert isinstance(got, torch.Tensor), f"at {path}: {type(got).__name__} where the dict has a tensor"
-        assert got.dtype == want.dtype and got.shape == want.shape, \
+        assert got.dtype == want.dtype and got.shape == want.shape, (
             f"at {path}: {got.dtype}{tuple(got.shape)} != {want.dtype}{tuple(want.shape)}"
+        )
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, msg=lambda m: f"at {path}: {m}")
 
 
@@ -390,9 +392,11 @@ for _row, _context, _kind in itertools.product(ROWS, CONTEXTS, KINDS):
 
 def summary(write: Callable[[str], None]) -> None:
     """The matrix's size and the cells left out, for the terminal summary."""
-    write(f"matrix: {len(ROWS)} operations x {len(CONTEXTS)} contexts x {len(KINDS)} inputs = "
-          f"{len(ROWS) * len(CONTEXTS) * len(KINDS)}; {len(CELLS)} cells run, {len(NOT_APPLICABLE)} not applicable "
-          f"(batch dims, tensorclass fields, nothing to differentiate), {len(CANNOT)} cannot work:")
+    write(
+        f"matrix: {len(ROWS)} operations x {len(CONTEXTS)} contexts x {len(KINDS)} inputs = "
+        f"{len(ROWS) * len(CONTEXTS) * len(KINDS)}; {len(CELLS)} cells run, {len(NOT_APPLICABLE)} not applicable "
+        f"(batch dims, tensorclass fields, nothing to differentiate), {len(CANNOT)} cannot work:"
+    )
     reasons: dict[str, dict[str, int]] = {}
     for cell, reason in CANNOT:
         row_context = cell.rsplit("-", 1)[0]

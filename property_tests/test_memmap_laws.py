@@ -19,7 +19,6 @@ from tdtree._tags import retag
 from tdtree.testing import assert_equal, tensordicts
 from tdtree.testing.laws import assert_pure
 
-
 MM = frozenset({Memmap, Locked})
 # tensordicts() draws integers from [-50, 50), which torch refuses for uint8: int16 leaves are
 # drawn in its place and cast (keeping their strides), until the strategy draws uint8 itself.

@@ -88,7 +88,9 @@ X = torch.linspace(-1, 1, 15, dtype=torch.float64).reshape(5, 3)
 
 def test_functional_call_gradient_matches_finite_differences():
     """The grad law through functional_call, over parameters of the module's structure."""
-    check_grad(lambda p: functional_call(MLP, p, X), same_structure(from_module(MLP)), settings=settings(max_examples=10))
+    check_grad(
+        lambda p: functional_call(MLP, p, X), same_structure(from_module(MLP)), settings=settings(max_examples=10)
+    )
 
 
 def test_ensemble_under_tdtree_vmap_is_each_member():

@@ -15,8 +15,16 @@ from hypothesis import strategies as st
 
 import tdtree as tt
 from tdtree.testing import (
-    assert_close, assert_equal, batch_sizes, check_compiles, check_grad, check_pure, check_tags, check_vmap,
-    same_structure, tensordicts,
+    assert_close,
+    assert_equal,
+    batch_sizes,
+    check_compiles,
+    check_grad,
+    check_pure,
+    check_tags,
+    check_vmap,
+    same_structure,
+    tensordicts,
 )
 from tdtree.testing.fixtures import tdtree_memmap_dir  # noqa: F401 - the plugin's fixture, for a checkout not installed
 
@@ -65,8 +73,12 @@ def td_error(batch: tt.TensorDict, gamma: float = 0.99) -> torch.Tensor:
 
 FEW = settings(max_examples=10, deadline=None, derandomize=True, database=None)
 transitions = tensordicts(batch_size=(), keys=KEYS, dtypes=(torch.float32,), zero_size=False)
-batches = tensordicts(batch_size=batch_sizes(min_dims=1, max_dims=1, min_side=1, max_side=5), keys=KEYS,
-                      dtypes=(torch.float32,), zero_size=False)
+batches = tensordicts(
+    batch_size=batch_sizes(min_dims=1, max_dims=1, min_side=1, max_side=5),
+    keys=KEYS,
+    dtypes=(torch.float32,),
+    zero_size=False,
+)
 
 
 @st.composite
@@ -88,7 +100,9 @@ storages = stored(tensordicts(batch_size=[6], keys=KEYS, tags=True))
 @given(transitions, st.data())
 def test_extend_writes_in_place_like_a_dict_of_tensors(tdtree_memmap_dir, example, data):  # noqa: F811
     buffer = ReplayBuffer(example, 4, tdtree_memmap_dir / f"buffer-{len(list(tdtree_memmap_dir.iterdir()))}")
-    model = {k: torch.zeros(4, *x.shape, dtype=x.dtype) for k, x in example.items(include_nested=True, leaves_only=True)}
+    model = {
+        k: torch.zeros(4, *x.shape, dtype=x.dtype) for k, x in example.items(include_nested=True, leaves_only=True)
+    }
     start = buffer.storage
     for _ in range(data.draw(st.integers(1, 3))):
         one = data.draw(same_structure(example))
@@ -99,7 +113,9 @@ def test_extend_writes_in_place_like_a_dict_of_tensors(tdtree_memmap_dir, exampl
             model[k][index] = batch[k]
         buffer.extend(batch)
     assert buffer.storage is start and buffer.storage.tags == frozenset({tt.Memmap, tt.Locked})
-    assert_equal(buffer.storage.flatten_keys(), {".".join(k) if isinstance(k, tuple) else k: v for k, v in model.items()})
+    assert_equal(
+        buffer.storage.flatten_keys(), {".".join(k) if isinstance(k, tuple) else k: v for k, v in model.items()}
+    )
     sample = buffer.sample(3, torch.Generator().manual_seed(0))
     rows = torch.randint(buffer.size, (3,), generator=torch.Generator().manual_seed(0))
     assert_equal(sample, buffer.storage.unlock()[rows].unlock(), check_tags=False)
@@ -124,6 +140,10 @@ def test_td_error_compiles_vmaps_and_differentiates():
 
 
 def test_td_error_matches_torch():
-    batch = tt.TensorDict.from_dict({k: torch.randn(3, 2) for k in ("obs", "action", "reward", "value")} | {"next": {"obs": torch.randn(3, 2), "value": torch.randn(3, 2)}}, [3])
+    batch = tt.TensorDict.from_dict(
+        {k: torch.randn(3, 2) for k in ("obs", "action", "reward", "value")}
+        | {"next": {"obs": torch.randn(3, 2), "value": torch.randn(3, 2)}},
+        [3],
+    )
     expected = ((batch["reward"] + 0.99 * batch["next", "value"] - batch["value"]) ** 2).sum(1)
     assert_close(td_error(batch), expected)

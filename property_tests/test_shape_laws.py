@@ -62,7 +62,11 @@ def test_reshape(td, data):
     shape = data.draw(st.sampled_from([(-1,), (td.numel(),), tuple(reversed(td.batch_size)), (1, *td.batch_size)]))
     sized = torch.empty(td.batch_size).reshape(shape).shape
     check_all(
-        td, lambda t: t.reshape(shape), lambda b: b.reshape(shape), lambda x, n: x.reshape(*sized, *x.shape[n:]), view=False
+        td,
+        lambda t: t.reshape(shape),
+        lambda b: b.reshape(shape),
+        lambda x, n: x.reshape(*sized, *x.shape[n:]),
+        view=False,
     )
 
 
@@ -75,14 +79,18 @@ def test_reshape_locked_both_ways():
 @given(NODES, st.data())
 def test_permute(td, data):
     order = data.draw(st.permutations(range(td.ndim)))
-    check_all(td, lambda t: t.permute(*order), lambda b: b.permute(*order), lambda x, n: x.permute(*order, *range(n, x.dim())))
+    check_all(
+        td, lambda t: t.permute(*order), lambda b: b.permute(*order), lambda x, n: x.permute(*order, *range(n, x.dim()))
+    )
 
 
 @given(NODES, st.data())
 def test_transpose(td, data):
     d0, d1 = data.draw(st.tuples(st.integers(-td.ndim, td.ndim - 1), st.integers(-td.ndim, td.ndim - 1)))
     check_all(
-        td, lambda t: t.transpose(d0, d1), lambda b: b.transpose(d0, d1),
+        td,
+        lambda t: t.transpose(d0, d1),
+        lambda b: b.transpose(d0, d1),
         lambda x, n: x.transpose(d0 % n, d1 % n),
     )
 

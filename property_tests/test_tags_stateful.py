@@ -82,9 +82,7 @@ def _batched(fn: Callable[[tt.TensorDict], Any]) -> Callable[[tt.TensorDict], An
 
 def _overlapping(td: tt.TensorDict) -> bool:
     # a leaf where two elements share a memory cell; an empty leaf has none, whatever its strides
-    return any(
-        t.numel() > 0 and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)) for t in _leaves(td)
-    )
+    return any(t.numel() > 0 and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)) for t in _leaves(td))
 
 
 # Operations of one node that return nodes. Each entry: name -> fn(td) -> node, sequence of nodes, or None.

@@ -11,6 +11,7 @@ import optree
 import pytest
 import torch
 import torch.utils._pytree as torch_pytree
+from _tcstatics import statics
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,9 +19,6 @@ import tdtree as tt
 from tdtree._tags import retag
 from tdtree.testing import assert_equal, batch_sizes, tensordicts
 from tdtree.testing.laws import assert_pure
-
-from _tcstatics import statics
-
 
 
 class Mode(enum.Enum):

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 import tdtree as tt
 from tdtree.testing import (
-    batch_sizes, check_compiles, check_grad, check_pure, check_tags, check_vmap, tensorclasses, tensordicts,
+    batch_sizes,
+    check_compiles,
+    check_grad,
+    check_pure,
+    check_tags,
+    check_vmap,
+    tensorclasses,
+    tensordicts,
 )
 from tdtree.testing.laws import LawError, assert_compiles, assert_grad, assert_pure, assert_tags, assert_vmap
 
@@ -18,7 +25,9 @@ FEW = settings(max_examples=8, deadline=None, derandomize=True, database=None)
 UNSHRUNK = settings(FEW, max_examples=3, phases=[Phase.explicit, Phase.generate])
 ONE_KEY = dict(keys=["a"], zero_size=False)
 floats = tensordicts(dtypes=(torch.float32,), tags=True, noncontiguous=True, aliasing=True)
-mapped = tensordicts(batch_size=batch_sizes(min_dims=1, min_side=1), dtypes=(torch.float32, torch.int64), min_keys=1, empty_nodes=False)
+mapped = tensordicts(
+    batch_size=batch_sizes(min_dims=1, min_side=1), dtypes=(torch.float32, torch.int64), min_keys=1, empty_nodes=False
+)
 doubles = tensordicts(dtypes=(torch.float64, torch.int64), extra_batch_dims=True)
 
 
@@ -31,7 +40,9 @@ def test_pure_holds_for_a_pure_function():
 
 def test_pure_catches_an_in_place_write():
     with pytest.raises(LawError, match=r"check_pure\(.*\): fn wrote into its input at key 'a': _version 0 -> 1"):
-        check_pure(lambda td: td.apply(lambda x: x.mul_(2)), tensordicts(dtypes=(torch.float32,), **ONE_KEY), settings=FEW)
+        check_pure(
+            lambda td: td.apply(lambda x: x.mul_(2)), tensordicts(dtypes=(torch.float32,), **ONE_KEY), settings=FEW
+        )
 
 
 def test_pure_catches_a_write_the_version_counter_misses():
@@ -54,8 +65,14 @@ def test_pure_shows_the_example_as_drawn():
 
 @pytest.mark.parametrize(
     "op",
-    [lambda td: td.apply(torch.sin), lambda td: td.select(*list(td.keys())[:1]), lambda td: td.clone(recurse=False),
-     lambda td: td.unsqueeze(0), lambda td: tt.stack([td, td]), lambda td: td.unlock()],
+    [
+        lambda td: td.apply(torch.sin),
+        lambda td: td.select(*list(td.keys())[:1]),
+        lambda td: td.clone(recurse=False),
+        lambda td: td.unsqueeze(0),
+        lambda td: tt.stack([td, td]),
+        lambda td: td.unlock(),
+    ],
     ids=["apply", "select", "shallow-clone", "unsqueeze", "stack", "unlock-loses-Locked-only"],
 )
 def test_tags_hold_for_library_operations(op):
@@ -74,7 +91,9 @@ def test_tags_catch_a_false_claim():
 
 
 def test_tags_catch_a_tag_the_rule_does_not_give():
-    with pytest.raises(LawError, match=r"carries \{Locked\}; the rule gives \{\} \(the leaf at key 'a' is new storage\)"):
+    with pytest.raises(
+        LawError, match=r"carries \{Locked\}; the rule gives \{\} \(the leaf at key 'a' is new storage\)"
+    ):
         check_tags(lambda td: (td + 1).lock(), tensordicts(tags=[tt.Locked], **ONE_KEY), settings=FEW)
 
 
@@ -90,8 +109,12 @@ def test_tags_without_the_rule_check_claims_only():
 
 
 def test_compiles_holds_without_graph_breaks():
-    check_compiles(lambda td: td.apply(torch.sin), tensordicts(dtypes=(torch.float32,)), backend="eager",
-                   settings=settings(FEW, max_examples=4))
+    check_compiles(
+        lambda td: td.apply(torch.sin),
+        tensordicts(dtypes=(torch.float32,)),
+        backend="eager",
+        settings=settings(FEW, max_examples=4),
+    )
 
 
 def test_compiles_catches_a_graph_break():
@@ -127,7 +150,11 @@ def test_compiles_catches_a_result_that_differs_from_eager():
 
 def test_vmap_holds_for_per_element_functions():
     check_vmap(lambda td: td.apply(lambda x: x * 2 + 1), mapped, settings=FEW)
-    check_vmap(lambda td, t: (td.apply(torch.sin), t.sum()), mapped.map(lambda td: (td, torch.ones(td.batch_size[0], 2))), settings=FEW)
+    check_vmap(
+        lambda td, t: (td.apply(torch.sin), t.sum()),
+        mapped.map(lambda td: (td, torch.ones(td.batch_size[0], 2))),
+        settings=FEW,
+    )
 
 
 def test_vmap_catches_a_function_that_is_not_per_element():
@@ -173,8 +200,12 @@ class Particle(tt.TensorClass):
 
 
 def test_laws_take_tensorclasses():
-    particles = tensorclasses(Particle, dtypes=(torch.float64,), batch_size=batch_sizes(min_dims=1, min_side=1),
-                              fields={"mass": st.floats(0.1, 10.0)})
+    particles = tensorclasses(
+        Particle,
+        dtypes=(torch.float64,),
+        batch_size=batch_sizes(min_dims=1, min_side=1),
+        fields={"mass": st.floats(0.1, 10.0)},
+    )
     step = lambda p: p.replace(position=p.position * 2 + p.mass, velocity=torch.sin(p.velocity))  # noqa: E731
     check_pure(step, particles, settings=FEW)
     check_tags(lambda p: p.apply(torch.sin), tensorclasses(Particle, tags=True, dtypes=(torch.float32,)), settings=FEW)

@@ -19,7 +19,13 @@ import tdtree as tt
 from tdtree import Locked, Memmap, Shared
 from tdtree._memmap import reference
 from tdtree.testing import (
-    ALL_DTYPES, TAG_SETS, assert_equal, available_devices, batch_sizes, same_structure, tensorclasses,
+    ALL_DTYPES,
+    TAG_SETS,
+    assert_equal,
+    available_devices,
+    batch_sizes,
+    same_structure,
+    tensorclasses,
     tensordicts,
 )
 from tdtree.testing.laws import assert_tags
@@ -46,7 +52,11 @@ def sub_nodes(td):
 
 
 @HEALTHY
-@given(tensordicts(tags=True, aliasing=True, dtypes=ALL_DTYPES, elements="special", noncontiguous=True, extra_batch_dims=True))
+@given(
+    tensordicts(
+        tags=True, aliasing=True, dtypes=ALL_DTYPES, elements="special", noncontiguous=True, extra_batch_dims=True
+    )
+)
 def test_every_option_at_once_is_healthy_and_tags_hold(td):
     assert td.tags in TAG_SETS
     assert_tags(lambda n: n, td)  # every sub-node carries the root's tags, every claim is true
@@ -82,7 +92,9 @@ def test_aliasing_reaches_shared_and_overlapping_storages():
         return len(ptrs) != len(set(ptrs))
 
     def overlaps(td):
-        spans = sorted((x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()) for x in tt.tree.leaves(td) if x.numel())
+        spans = sorted(
+            (x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()) for x in tt.tree.leaves(td) if x.numel()
+        )
         return any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
 
     aliased = tensordicts(aliasing=True, dtypes=(torch.float32,), min_keys=2)
@@ -94,7 +106,9 @@ def test_aliasing_reaches_shared_and_overlapping_storages():
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_every_dtype_is_drawn(dtype):
-    found = reach(tensordicts(dtypes=ALL_DTYPES, min_keys=1), lambda td: any(x.dtype == dtype for x in tt.tree.leaves(td)))
+    found = reach(
+        tensordicts(dtypes=ALL_DTYPES, min_keys=1), lambda td: any(x.dtype == dtype for x in tt.tree.leaves(td))
+    )
     assert any(x.dtype == dtype for x in tt.tree.leaves(found))
 
 
@@ -103,7 +117,9 @@ SPECIAL = {
     "inf": lambda x: x.is_floating_point() and bool((x == math.inf).any()),
     "-inf": lambda x: x.is_floating_point() and bool((x == -math.inf).any()),
     "-0.0": lambda x: x.is_floating_point() and bool(((x == 0) & x.signbit()).any()),
-    "subnormal": lambda x: x.is_floating_point() and bool(((x != 0) & (x.abs() < torch.finfo(x.dtype).smallest_normal)).any()),
+    "subnormal": lambda x: (
+        x.is_floating_point() and bool(((x != 0) & (x.abs() < torch.finfo(x.dtype).smallest_normal)).any())
+    ),
     "int64 min": lambda x: x.dtype == torch.int64 and bool((x == torch.iinfo(torch.int64).min).any()),
     "uint8 max": lambda x: x.dtype == torch.uint8 and bool((x == 255).any()),
     "complex nan": lambda x: x.is_complex() and bool(x.isnan().any()),
@@ -119,7 +135,10 @@ def test_special_elements_are_reached(name):
 
 def test_normal_elements_are_finite():
     with pytest.raises(NoSuchExample):
-        reach(tensordicts(dtypes=ALL_DTYPES, min_keys=1), lambda td: any(SPECIAL["nan"](x) or SPECIAL["inf"](x) for x in tt.tree.leaves(td)))
+        reach(
+            tensordicts(dtypes=ALL_DTYPES, min_keys=1),
+            lambda td: any(SPECIAL["nan"](x) or SPECIAL["inf"](x) for x in tt.tree.leaves(td)),
+        )
 
 
 @HEALTHY
@@ -158,7 +177,14 @@ def layout(value) -> list:
     leaves = tt.tree.leaves(value)
     ptrs = [x.untyped_storage().data_ptr() for x in leaves]
     return [
-        (x.dtype, x.device, x.shape, x.stride(), x.storage_offset(), ptrs.index(p) if x.untyped_storage().nbytes() else None)
+        (
+            x.dtype,
+            x.device,
+            x.shape,
+            x.stride(),
+            x.storage_offset(),
+            ptrs.index(p) if x.untyped_storage().nbytes() else None,
+        )
         for x, p in zip(leaves, ptrs)
     ]
 

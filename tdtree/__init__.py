@@ -12,36 +12,36 @@ from . import errors as errors
 from . import tree as tree
 from ._keys import NestedKey as NestedKey
 from ._node import TensorDict as TensorDict
+from ._ops import where as where
+from ._serialize import load as load
+from ._serialize import save as save
 from ._tags import Locked as Locked
 from ._tags import Memmap as Memmap
 from ._tags import Shared as Shared
 from ._tags import Tag as Tag
-from .errors import LockedError as LockedError
+
+# tensorclass (issue 7); tdtree.stack / cat (above) take tensorclass instances too
+from ._tensorclass import TensorClass as TensorClass
 
 # operations (issue 3)
 from ._tensorclass import cat as cat
+
+# memmap and serialization (issue 5)
+from ._tensorclass import load_memmap as load_memmap
 from ._tensorclass import stack as stack
-from ._ops import where as where
+from ._tensorclass import tensorclass as tensorclass
+
+# vmap
+from ._vmap import vmap as vmap
+from .errors import FieldError as FieldError
+from .errors import LockedError as LockedError
 
 # tags and shared memory (issue 4)
 from .errors import WriteError as WriteError
 
-# memmap and serialization (issue 5)
-from ._tensorclass import load_memmap as load_memmap
-from ._serialize import load as load
-from ._serialize import save as save
-
-# tensorclass (issue 7); tdtree.stack / cat (above) take tensorclass instances too
-from ._tensorclass import TensorClass as TensorClass
-from ._tensorclass import tensorclass as tensorclass
-from .errors import FieldError as FieldError
-
 # interop with tensordict and records (issue 10)
 from .interop import from_tensordict as from_tensordict
 from .interop import to_tensordict as to_tensordict
-
-# vmap
-from ._vmap import vmap as vmap
 
 __version__ = "0.1.0"
 

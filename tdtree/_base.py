@@ -32,7 +32,18 @@ import torch
 from torch.compiler import substitute_in_graph
 
 __all__ = [
-    "Node", "NodeT", "Holder", "NO_TAGS", "UNTAGGED_TYPES", "TAGGED_TYPES", "make", "from_meta", "with_meta", "make_tagged", "fill", "sorted_data",
+    "Node",
+    "NodeT",
+    "Holder",
+    "NO_TAGS",
+    "UNTAGGED_TYPES",
+    "TAGGED_TYPES",
+    "make",
+    "from_meta",
+    "with_meta",
+    "make_tagged",
+    "fill",
+    "sorted_data",
 ]
 
 NO_TAGS: frozenset = frozenset()
@@ -40,8 +51,23 @@ NO_TAGS: frozenset = frozenset()
 # The tag rule's gate tells an argument by one lookup of its type in these: values that hold no node
 # and the untagged node types pass, tagged node types stop it. Node types add themselves when made.
 UNTAGGED_TYPES: set[type] = {
-    torch.Tensor, str, int, float, bool, type(None), torch.device, torch.dtype, torch.Size, slice, range, type(...), complex,
-    types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial,
+    torch.Tensor,
+    str,
+    int,
+    float,
+    bool,
+    type(None),
+    torch.device,
+    torch.dtype,
+    torch.Size,
+    slice,
+    range,
+    type(...),
+    complex,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    functools.partial,
 }
 TAGGED_TYPES: set[type] = set()
 

@@ -28,9 +28,7 @@ def _parse(args: tuple[Any, ...], device: Any, dtype: Any) -> tuple[torch.device
         elif isinstance(arg, _DEVICE_LIKE) and not isinstance(arg, bool) and device is None:
             device = arg
         else:
-            raise TypeError(
-                f"to() takes a device and/or a dtype (positionally or as device=/dtype=), got {arg!r}"
-            )
+            raise TypeError(f"to() takes a device and/or a dtype (positionally or as device=/dtype=), got {arg!r}")
     if isinstance(device, int):
         device = torch.device("cuda", device)
     return (None if device is None else torch.device(device)), dtype

@@ -25,7 +25,17 @@ import torch
 from ._keys import display
 from .errors import MemmapError
 
-__all__ = ["as_bytes", "checked_size", "open_regular", "map_regular", "remove_stale", "alive", "swap_in", "META_MAX", "MAX_BYTES"]
+__all__ = [
+    "as_bytes",
+    "checked_size",
+    "open_regular",
+    "map_regular",
+    "remove_stale",
+    "alive",
+    "swap_in",
+    "META_MAX",
+    "MAX_BYTES",
+]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
@@ -44,7 +54,9 @@ MAX_BYTES = 2**62
 META_MAX = 1 << 28
 
 
-def checked_size(shape: torch.Size | list[int], dtype: torch.dtype, corrupt: Callable[[str], Exception], key: tuple[str, ...]) -> int:
+def checked_size(
+    shape: torch.Size | list[int], dtype: torch.dtype, corrupt: Callable[[str], Exception], key: tuple[str, ...]
+) -> int:
     """The bytes of a leaf of ``shape`` and ``dtype``, computed in Python integers; ``corrupt(reason)``
     when they overflow what torch can address."""
     n = dtype.itemsize
@@ -87,9 +99,7 @@ def open_regular(
         yield f
 
 
-def map_regular(
-    path: str, name: str, dir_fd: int | None, nbytes: int, dtype: torch.dtype, mode: str
-) -> torch.Tensor:
+def map_regular(path: str, name: str, dir_fd: int | None, nbytes: int, dtype: torch.dtype, mode: str) -> torch.Tensor:
     """The file ``name`` (relative to ``dir_fd`` when given; ``path`` in messages) mapped as a 1-d
     tensor of ``dtype``, after checking it.
 

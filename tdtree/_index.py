@@ -19,7 +19,7 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT
-from ._inplace import broadcasts, same_device, check_number, checked, each_writable, read_first, targets_writable
+from ._inplace import broadcasts, check_number, checked, each_writable, read_first, same_device, targets_writable
 from ._keyops import check_unlocked_tree, walk
 from ._keys import as_path
 from ._maps import flat, rebuild, unflat
@@ -138,7 +138,9 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
         elif type(item) is int:
             size = batch[dim]
             if not -size <= item < size:
-                raise BatchDimError(f"index {item} is out of range for batch dim {dim} of size {size} (batch_size {tuple(batch)})")
+                raise BatchDimError(
+                    f"index {item} is out of range for batch dim {dim} of size {size} (batch_size {tuple(batch)})"
+                )
             leaf.append(item)
             dim += 1
         elif type(item) is slice:
@@ -306,7 +308,9 @@ def _pairs(
     # a node's device, when set, is every leaf's: equal devices spare the per-leaf test
     device = node._meta[2]
     same_device = device is not None and (
-        value._meta[2] == device if isinstance(value, Node) else isinstance(value, torch.Tensor) and value.device == device
+        value._meta[2] == device
+        if isinstance(value, Node)
+        else isinstance(value, torch.Tensor) and value.device == device
     )
     fast = []  # leaves whose value passed the inline test (update_'s): their writability is scanned at once
     for i, (leaf, v) in enumerate(zip(leaves, values)):
@@ -365,7 +369,9 @@ def _check_bounds(op: str, batch: torch.Size, leaf_index: tuple[Any, ...]) -> No
         if isinstance(item, torch.Tensor) and item.numel():
             size = batch[dim]
             # a short index is cheaper to read than to reduce (aminmax and two item() calls)
-            low, high = (min(v := item.reshape(-1).tolist()), max(v)) if item.numel() <= 64 else map(int, torch.aminmax(item))
+            low, high = (
+                (min(v := item.reshape(-1).tolist()), max(v)) if item.numel() <= 64 else map(int, torch.aminmax(item))
+            )
             if low < -size or high >= size:
                 bad = high if high >= size else low
                 raise WriteIndexError(

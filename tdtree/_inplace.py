@@ -51,7 +51,16 @@ from ._validate import nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError, WriteShapeError, WriteTypeError
 
 __all__ = [
-    "update_", "copy_", "zero_", "fill_", "checked", "check_number", "writable", "targets_writable", "each_writable", "read_first",
+    "update_",
+    "copy_",
+    "zero_",
+    "fill_",
+    "checked",
+    "check_number",
+    "writable",
+    "targets_writable",
+    "each_writable",
+    "read_first",
     "mark_read_only",
 ]
 
@@ -274,9 +283,7 @@ def check_number(op: str, path: tuple[str, ...], dtype: torch.dtype, value: Any)
     """``value`` when it is a Python number of a kind ``dtype`` takes, in its range; else WriteError."""
     kind = _SCALAR_KIND.get(type(value))
     if kind is None:
-        raise WriteTypeError(
-            f"{_where(op, path)}: a value is a tensor or a Python number, got {type(value).__name__}"
-        )
+        raise WriteTypeError(f"{_where(op, path)}: a value is a tensor or a Python number, got {type(value).__name__}")
     if kind > _dtype_kind(dtype):
         raise WriteTypeError(
             f"{_where(op, path)} holds {dtype} and the value {value!r} is a {type(value).__name__}; "

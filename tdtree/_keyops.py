@@ -217,9 +217,7 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
             new[head] = _chain(type(node), path[1:], full, value, batch_size, device)
         elif not isinstance(child, Node):
             depth = len(full) - len(path) + 1
-            raise KeyCollisionError(
-                f"cannot set {display(full)!r}: {display(full[:depth])!r} is a tensor, not a node"
-            )
+            raise KeyCollisionError(f"cannot set {display(full)!r}: {display(full[:depth])!r} is a tensor, not a node")
         else:
             new[head] = _set_path(child, path[1:], full, value, op)
     keys = node._meta[0]
@@ -235,7 +233,11 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
 
 
 def _chain(
-    cls: type[Node], path: tuple[str, ...], full: tuple[str, ...], value: Any, batch_size: torch.Size,
+    cls: type[Node],
+    path: tuple[str, ...],
+    full: tuple[str, ...],
+    value: Any,
+    batch_size: torch.Size,
     device: torch.device | None,
 ) -> Node:
     """New nodes, one per part of ``path``, holding ``value`` at its end: what ``_set_path`` makes below
@@ -464,9 +466,7 @@ def flatten_keys(node: NodeT, sep: str = ".") -> NodeT:
                 continue
             name = sep.join(full)
             if name in out:
-                raise KeyCollisionError(
-                    f"flatten_keys: {display(full)!r} and {origin[name]!r} both become {name!r}"
-                )
+                raise KeyCollisionError(f"flatten_keys: {display(full)!r} and {origin[name]!r} both become {name!r}")
             out[name] = v
             origin[name] = display(full)
 

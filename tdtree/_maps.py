@@ -17,7 +17,15 @@ from ._validate import as_batch_size
 from .errors import BatchSizeError, KeyMismatchError
 
 __all__ = [
-    "map_leaves", "clone", "rebuild", "apply", "named_apply", "leaves", "flat", "unflat", "check_same_keys",
+    "map_leaves",
+    "clone",
+    "rebuild",
+    "apply",
+    "named_apply",
+    "leaves",
+    "flat",
+    "unflat",
+    "check_same_keys",
     "paired_leaves",
 ]
 

@@ -78,10 +78,9 @@ _TAGS: frozenset = frozenset({Memmap, Locked})
 _MAPPABLE = frozenset(
     getattr(torch, name)
     for name in (
-        "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-        "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
-        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-    )
+        "bool uint8 int8 int16 int32 int64 uint16 uint32 uint64 float16 bfloat16 float32 float64"
+        " complex32 complex64 complex128 float8_e4m3fn float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu"
+    ).split()
     if isinstance(getattr(torch, name, None), torch.dtype)
 )
 
@@ -296,7 +295,9 @@ def _read_meta(prefix: str, dir_fd: int | None = None) -> Any:
     """The parsed metadata file of ``prefix`` (a regular file, no symlink, read up to a bound)."""
     meta = os.path.join(prefix, META)
     try:
-        with open_regular(META if dir_fd is not None else meta, MemmapError, "metadata file", dir_fd, follow=False) as f:
+        with open_regular(
+            META if dir_fd is not None else meta, MemmapError, "metadata file", dir_fd, follow=False
+        ) as f:
             raw = f.read(META_MAX + 1)
     except FileNotFoundError:
         raise MemmapError(f"missing metadata file {meta}: {prefix} is not a memmap directory") from None
@@ -536,8 +537,15 @@ def reference(leaf: torch.Tensor) -> Any:
         )
     prefix, index, writable = origin
     return (
-        _REF, prefix, index, writable, storage.nbytes(), _dtype_name(leaf.dtype),
-        tuple(leaf.shape), tuple(leaf.stride()), leaf.storage_offset(),
+        _REF,
+        prefix,
+        index,
+        writable,
+        storage.nbytes(),
+        _dtype_name(leaf.dtype),
+        tuple(leaf.shape),
+        tuple(leaf.stride()),
+        leaf.storage_offset(),
     )
 
 
@@ -559,9 +567,16 @@ def resolve(ref: object) -> torch.Tensor:
     _, prefix, index, writable, nbytes, dtype_name, shape, stride, offset = ref
     dtype = dtype_named(dtype_name)
     if (
-        type(prefix) is not str or type(index) is not int or index < 0 or type(writable) is not bool
-        or type(nbytes) is not int or nbytes <= 0 or dtype not in _MAPPABLE
-        or not _ints(shape) or not _ints(stride) or type(offset) is not int
+        type(prefix) is not str
+        or type(index) is not int
+        or index < 0
+        or type(writable) is not bool
+        or type(nbytes) is not int
+        or nbytes <= 0
+        or dtype not in _MAPPABLE
+        or not _ints(shape)
+        or not _ints(stride)
+        or type(offset) is not int
     ):
         raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
     if not os.path.isfile(os.path.join(prefix, META)):

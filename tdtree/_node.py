@@ -22,8 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import _combine, _device, _index, _keyops, _maps, _memmap, _ops, _shape
-from . import _inplace, _records, _shared
+from . import _combine, _device, _index, _inplace, _keyops, _maps, _memmap, _ops, _records, _shape, _shared
 from ._base import Node
 from ._keys import NestedKey
 from ._pickle import reduce_node
@@ -259,7 +258,6 @@ class TensorDict(Node):
         """The same leaves without the ``Locked`` tag (other tags kept)."""
         return retag(self, self._meta[3] - {Locked})
 
-
     # -- maps, arithmetic, reductions (_maps.py, _ops.py) --------------------------------
 
     def apply(self, fn: Callable[..., torch.Tensor], *others: TensorDict, batch_size: Any = None) -> TensorDict:
@@ -429,7 +427,6 @@ class TensorDict(Node):
         """No dim: one 0-dim bool tensor over every element of every leaf; with dim: a node (drops tags)."""
         return _ops.any(self, dim, keepdim)
 
-
     # -- shapes (_shape.py) -----------------------------------------------------------------
 
     def view(self, *shape: Any) -> TensorDict:
@@ -480,7 +477,6 @@ class TensorDict(Node):
         """At most ``chunks`` nodes cut along batch dim ``dim`` as ``torch.chunk`` does; views, keeps tags."""
         return _shape.chunk(self, chunks, dim)
 
-
     # -- indexing and scatter (_index.py) ------------------------------------------------
 
     @property
@@ -488,7 +484,6 @@ class TensorDict(Node):
         """``td.at[idx].set(v)``: a new node with ``v`` written at ``idx`` (drops tags; refused when Locked);
         ``td.at[idx].set_(v)``: writes in place and returns ``td`` (keeps tags); ``td.at[idx].get()``: ``td[idx]``."""
         return _index.At(self)
-
 
     # -- combining, devices and memory (_combine.py, _device.py) ------------------------
 
@@ -553,7 +548,6 @@ class TensorDict(Node):
         """``to(torch.bool)``; keeps tags when already so."""
         return _device.to(self, torch.bool)
 
-
     # -- in-place writers and shared memory (_inplace.py, _shared.py) -------------------
 
     def update_(self, other: Mapping[Any, Any] | TensorDict) -> TensorDict:
@@ -575,7 +569,6 @@ class TensorDict(Node):
     def share_memory(self) -> TensorDict:
         """A copy with every leaf in shared memory, tagged ``{Shared, Locked}`` (the input is unchanged)."""
         return _shared.share_memory(self)
-
 
     # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------
 

@@ -99,7 +99,11 @@ def register(cls: type) -> None:
     # optree's stub is wrong here: it types the functions as taking any Collection and any Hashable
     # metadata, but optree calls them only with instances of ``cls`` and the metadata _flatten made
     optree.register_pytree_node(
-        cls, _flatten, unflatten, path_entry_type=optree.MappingEntry, namespace=NAMESPACE  # type: ignore[arg-type]
+        cls,
+        _flatten,  # type: ignore[arg-type]
+        unflatten,  # type: ignore[arg-type]
+        path_entry_type=optree.MappingEntry,
+        namespace=NAMESPACE,
     )
     torch_pytree.register_pytree_node(
         cls,
@@ -156,7 +160,11 @@ def tagged_type(root: type, tags: Iterable[Tag]) -> type:
         name,
         bases,
         {
-            "__slots__": (), "_tags": tags, "_root": root, "__module__": root.__module__, "__qualname__": name,
+            "__slots__": (),
+            "_tags": tags,
+            "_root": root,
+            "__module__": root.__module__,
+            "__qualname__": name,
             "__init__": _refused_init,
         },
     )

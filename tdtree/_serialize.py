@@ -45,11 +45,7 @@ ALIGN = 64
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s values in a storage of their own size (a view of a larger storage would save all of it)."""
     t = tensor.detach().resolve_conj().resolve_neg()
-    if (
-        t.is_contiguous()
-        and t.storage_offset() == 0
-        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
-    ):
+    if t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size():
         return t
     return t.clone(memory_format=torch.contiguous_format)
 

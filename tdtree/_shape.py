@@ -75,9 +75,7 @@ def _infer(batch: torch.Size, shape: tuple[int, ...], op: str) -> torch.Size:
     known = math.prod([s for s in shape if s != -1])
     if holes:
         if known == 0 or total % known:
-            raise BatchSizeError(
-                f"{op}: shape {shape} is invalid for the batch_size {tuple(batch)} ({total} elements)"
-            )
+            raise BatchSizeError(f"{op}: shape {shape} is invalid for the batch_size {tuple(batch)} ({total} elements)")
         shape = (*shape[: holes[0]], total // known, *shape[holes[0] + 1 :])
     elif known != total:
         raise BatchSizeError(f"{op}: shape {shape} is invalid for the batch_size {tuple(batch)} ({total} elements)")
@@ -170,7 +168,9 @@ def flatten(node: NodeT, start_dim: int = 0, end_dim: int = -1) -> NodeT:
     s = batch_dim(node, start_dim, "flatten")
     e = batch_dim(node, end_dim, "flatten")
     if s > e:
-        raise BatchDimError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} in batch_size {tuple(batch)}")
+        raise BatchDimError(
+            f"flatten: start_dim {start_dim} comes after end_dim {end_dim} in batch_size {tuple(batch)}"
+        )
     new = torch.Size((*batch[:s], math.prod(batch[s : e + 1]), *batch[e + 1 :]))
     return rebuild(node, lambda x: x.flatten(s, e), new)
 

@@ -318,7 +318,10 @@ def tag_rule(fn: F) -> F:
     (every leaf then holds zero bytes). Dropping is the safe side of the rule.
     """
     namespace: dict[str, Any] = {
-        "_fn": fn, "_UNTAGGED": UNTAGGED_TYPES, "_untagged": _untagged, "_all_untagged": _all_untagged,
+        "_fn": fn,
+        "_UNTAGGED": UNTAGGED_TYPES,
+        "_untagged": _untagged,
+        "_all_untagged": _all_untagged,
         "_ruled_out": _ruled_out,
     }
     for p in inspect.signature(fn).parameters.values():

@@ -17,7 +17,19 @@ from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
-__all__ = ["NO_BATCH", "CPU", "as_batch_size", "as_device", "nest", "construct", "build", "entry", "settle_device", "common_device", "dim_index"]
+__all__ = [
+    "NO_BATCH",
+    "CPU",
+    "as_batch_size",
+    "as_device",
+    "nest",
+    "construct",
+    "build",
+    "entry",
+    "settle_device",
+    "common_device",
+    "dim_index",
+]
 
 
 _Size = torch.Size  # a module global: ``torch.Size`` is an attribute read off the torch module on every use
@@ -138,9 +150,7 @@ def _check_prefix(path: tuple[str, ...], shape: Sequence[int], batch_size: torch
         )
 
 
-def entry(
-    path: tuple[str, ...], value: Any, batch_size: torch.Size, device: torch.device | None, root: type
-) -> Any:
+def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: torch.device | None, root: type) -> Any:
     """``value`` checked and made ready to sit at ``path`` in a node with ``batch_size`` / ``device``.
 
     Tensors move to ``device`` when one is set; nodes come back untagged; dicts
@@ -240,7 +250,9 @@ def _checked(
         # and the errors.
         if isinstance(v, _Tensor) and (
             not n
-            or (len(s := v.shape) >= n and s[0] == b0 and (n == 1 or s[1] == b1) if n < 3 else v.shape[:n] == batch_size)
+            or (
+                len(s := v.shape) >= n and s[0] == b0 and (n == 1 or s[1] == b1) if n < 3 else v.shape[:n] == batch_size
+            )
         ):
             if v.is_cpu if found is CPU else (d := v.device) == found:
                 checked[k] = v

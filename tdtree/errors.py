@@ -169,7 +169,8 @@ class StructureMismatchError(ValueError):
         self.op = op
         self.differences = tuple(differences)
         self.args = (
-            f"{op}: the processes' nodes differ, so the transfer was refused: " + "; ".join(self.differences)
+            f"{op}: the processes' nodes differ, so the transfer was refused: "
+            + "; ".join(self.differences)
             + ". Every process must pass a node (or template) with the same keys, shapes and dtypes.",
         )
 

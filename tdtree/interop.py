@@ -54,9 +54,7 @@ def _require(what: str) -> ModuleType:
     try:
         import tensordict  # an optional dependency, imported by the functions that need it
     except ImportError as err:
-        raise ImportError(
-            f"tdtree.{what} needs the optional tensordict package: pip install tensordict"
-        ) from err
+        raise ImportError(f"tdtree.{what} needs the optional tensordict package: pip install tensordict") from err
     return tensordict
 
 
@@ -198,9 +196,7 @@ def from_tensordict(td: Any, /, cls: type | None = None) -> Any:
 
 
 def _build(node: Node, tensordict: ModuleType, shared: bool, memmap: bool) -> Any:
-    data = {
-        k: _build(v, tensordict, shared, memmap) if isinstance(v, Node) else v for k, v in node._data.items()
-    }
+    data = {k: _build(v, tensordict, shared, memmap) if isinstance(v, Node) else v for k, v in node._data.items()}
     _, batch_size, device, _ = node._meta
     # The trusted constructor: the node was validated when it was built, and it
     # is tensordict's only way to mark leaves already in shared memory or in

@@ -70,9 +70,7 @@ def _sgd(params: Any, grads: Any, buf: Any, lr: float, momentum: float) -> tuple
 
 
 @torch.no_grad()
-def sgd(
-    params: Any, grads: Any, lr: float, momentum: float = 0.0, momentum_state: Any = None
-) -> tuple[Any, Any]:
+def sgd(params: Any, grads: Any, lr: float, momentum: float = 0.0, momentum_state: Any = None) -> tuple[Any, Any]:
     """One step of SGD: ``(new_params, new_momentum_state)``.
 
     Args:
@@ -114,8 +112,15 @@ def adam_init(params: Any) -> AdamState:
 
 @tag_rule
 def _adam(
-    params: Any, grads: Any, exp_avg: Any, exp_avg_sq: Any, step: torch.Tensor,
-    lr: float, beta1: float, beta2: float, eps: float,
+    params: Any,
+    grads: Any,
+    exp_avg: Any,
+    exp_avg_sq: Any,
+    step: torch.Tensor,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
 ) -> tuple[Any, Any, Any]:
     ps, spec = flatten(params)
     gs = _leaves_like(ps, grads, "grads")
@@ -164,7 +169,5 @@ def adam(
     (tensor([0.9000, 0.9000]), tensor(1.))
     """
     step = state.step + 1
-    new, exp_avg, exp_avg_sq = _adam(
-        params, grads, state.exp_avg, state.exp_avg_sq, step, lr, betas[0], betas[1], eps
-    )
+    new, exp_avg, exp_avg_sq = _adam(params, grads, state.exp_avg, state.exp_avg_sq, step, lr, betas[0], betas[1], eps)
     return new, AdamState(step, exp_avg, exp_avg_sq)

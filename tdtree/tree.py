@@ -36,11 +36,21 @@ def _untagged(tree: Any) -> Any:
     """``tree`` with every node in it untagged (the same leaves): a structure that pairs with
     trees whose nodes carry other tags."""
     return optree.tree_map(
-        _untagged_node, tree, is_leaf=lambda x: isinstance(x, (Node, Holder)), namespace=NAMESPACE  # type: ignore[arg-type]
+        _untagged_node,
+        tree,
+        is_leaf=lambda x: isinstance(x, (Node, Holder)),
+        namespace=NAMESPACE,  # type: ignore[arg-type]
     )
 
 
-def _paired(how: Callable[..., Any], func: Callable[..., Any], tree: Any, rests: tuple[Any, ...], is_leaf: Any, none_is_leaf: bool) -> Any:
+def _paired(
+    how: Callable[..., Any],
+    func: Callable[..., Any],
+    tree: Any,
+    rests: tuple[Any, ...],
+    is_leaf: Any,
+    none_is_leaf: bool,
+) -> Any:
     if rests and any(holds_tagged(t) for t in (tree, *rests)):
         # trees whose nodes differ only in tags pair, as binary node operations pair them
         tree, rests = _untagged(tree), tuple(_untagged(r) for r in rests)
@@ -48,7 +58,14 @@ def _paired(how: Callable[..., Any], func: Callable[..., Any], tree: Any, rests:
 
 
 @tag_rule
-def map(func: Callable[..., Any], tree: Any, /, *rests: Any, is_leaf: Callable[[Any], bool] | None = None, none_is_leaf: bool = False) -> Any:  # noqa: A001
+def map(
+    func: Callable[..., Any],
+    tree: Any,
+    /,
+    *rests: Any,
+    is_leaf: Callable[[Any], bool] | None = None,
+    none_is_leaf: bool = False,
+) -> Any:  # noqa: A001
     """``func`` applied to each leaf of ``tree`` (and the matching leaves of ``rests``, paired whatever
     their nodes' tags).
 
@@ -64,17 +81,28 @@ def map(func: Callable[..., Any], tree: Any, /, *rests: Any, is_leaf: Callable[[
 
 
 @tag_rule
-def map_with_path(func: Callable[..., Any], tree: Any, /, *rests: Any, is_leaf: Callable[[Any], bool] | None = None, none_is_leaf: bool = False) -> Any:
+def map_with_path(
+    func: Callable[..., Any],
+    tree: Any,
+    /,
+    *rests: Any,
+    is_leaf: Callable[[Any], bool] | None = None,
+    none_is_leaf: bool = False,
+) -> Any:
     """``func(path, leaf, ...)`` for each leaf; the path is a tuple of keys. Tags and pairing as in :func:`map`."""
     return _paired(optree.tree_map_with_path, func, tree, rests, is_leaf, none_is_leaf)
 
 
-def flatten(tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False) -> tuple[list[Any], optree.PyTreeSpec]:
+def flatten(
+    tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False
+) -> tuple[list[Any], optree.PyTreeSpec]:
     """The leaves of ``tree`` and its structure."""
     return optree.tree_flatten(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
 
 
-def flatten_with_path(tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False) -> tuple[list[Any], list[Any], optree.PyTreeSpec]:
+def flatten_with_path(
+    tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False
+) -> tuple[list[Any], list[Any], optree.PyTreeSpec]:
     """The paths, leaves and structure of ``tree``."""
     return optree.tree_flatten_with_path(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
 
@@ -89,6 +117,8 @@ def leaves(tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_i
     return optree.tree_leaves(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
 
 
-def structure(tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False) -> optree.PyTreeSpec:
+def structure(
+    tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False
+) -> optree.PyTreeSpec:
     """The structure of ``tree`` (tags and batch sizes included)."""
     return optree.tree_structure(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)

@@ -21,8 +21,12 @@ def _corpus() -> dict[str, tt.TensorDict]:
         ),
         "deep": tt.TensorDict({"a": {"b": {"c": torch.randn(2, 3, generator=g)}}, "x": torch.ones(2, 3)}, [2, 3]),
         "zero_size": tt.TensorDict({"a": torch.zeros(0, 3), "b": {"c": torch.zeros(0)}}, batch_size=[0]),
-        "noncontiguous": tt.TensorDict({"a": torch.randn(3, 4, generator=g).t(), "b": torch.randn(4, 2, generator=g)}, [4]),
-        "extra_batch": tt.TensorDict({"a": torch.randn(4, 2), "sub": tt.TensorDict({"c": torch.randn(4, 5, 2)}, [4, 5])}, [4]),
+        "noncontiguous": tt.TensorDict(
+            {"a": torch.randn(3, 4, generator=g).t(), "b": torch.randn(4, 2, generator=g)}, [4]
+        ),
+        "extra_batch": tt.TensorDict(
+            {"a": torch.randn(4, 2), "sub": tt.TensorDict({"c": torch.randn(4, 5, 2)}, [4, 5])}, [4]
+        ),
         "no_batch": tt.TensorDict({"w": torch.randn(3, 3, generator=g), "b": torch.randn(3, generator=g)}),
         "empty": tt.TensorDict({}, batch_size=[2]),
         "locked": tt.TensorDict({"a": torch.randn(4, 3, generator=g), "s": {"t": torch.ones(4)}}, [4]).lock(),

@@ -12,9 +12,7 @@ from tdtree.testing import assert_equal
 
 
 def node(scale: float = 1.0) -> TensorDict:
-    return TensorDict(
-        {"a": torch.arange(6.0).reshape(2, 3) * scale, "sub": {"c": torch.ones(2, 3, 4) * scale}}, [2, 3]
-    )
+    return TensorDict({"a": torch.arange(6.0).reshape(2, 3) * scale, "sub": {"c": torch.ones(2, 3, 4) * scale}}, [2, 3])
 
 
 def extra() -> TensorDict:
@@ -63,7 +61,9 @@ def test_stack_errors():
         tt.stack([node(), node().set("b", torch.zeros(2, 3))])
     with pytest.raises(BatchSizeError, match=r"stack: batch_size \(2, 3\) at the root does not match \(2,\)"):
         tt.stack([node(), TensorDict({"a": torch.zeros(2), "sub": {"c": torch.zeros(2)}}, [2])])
-    with pytest.raises(IndexError, match=r"stack: dim 3 is out of range for a new batch dim of batch_size \(2, 3\) \(allowed: -3..2\)"):
+    with pytest.raises(
+        IndexError, match=r"stack: dim 3 is out of range for a new batch dim of batch_size \(2, 3\) \(allowed: -3..2\)"
+    ):
         tt.stack([node(), node()], 3)
     with pytest.raises(ValueError, match="stack takes a non-empty list or tuple of nodes"):
         tt.stack([])
@@ -115,7 +115,9 @@ def test_cat_errors():
     with pytest.raises(KeyMismatchError, match=r"cat: .*only in the first: \[\"'a'\"\]"):
         tt.cat([node(), node().exclude("a")])
     other = TensorDict({"a": torch.zeros(3, 4), "sub": {"c": torch.zeros(3, 4, 4)}}, [3, 4])
-    with pytest.raises(BatchSizeError, match=r"cat: batch_size \(2, 3\) at the root does not match \(3, 4\) outside batch dim 0"):
+    with pytest.raises(
+        BatchSizeError, match=r"cat: batch_size \(2, 3\) at the root does not match \(3, 4\) outside batch dim 0"
+    ):
         tt.cat([node(), other])
     with pytest.raises(IndexError, match=r"cat: dim 2 is out of range for the batch_size \(2, 3\) \(allowed: -2..1\)"):
         tt.cat([node()], 2)
@@ -131,7 +133,9 @@ def test_cat_errors():
 def test_like_functions():
     td = node()
     assert_equal(torch.zeros_like(td), tt.tree.map(torch.zeros_like, td))
-    assert_equal(torch.ones_like(td, dtype=torch.int64), tt.tree.map(lambda x: torch.ones_like(x, dtype=torch.int64), td))
+    assert_equal(
+        torch.ones_like(td, dtype=torch.int64), tt.tree.map(lambda x: torch.ones_like(x, dtype=torch.int64), td)
+    )
     assert_equal(torch.full_like(td, 7.0), tt.tree.map(lambda x: torch.full_like(x, 7.0), td))
     empty = torch.empty_like(td)
     assert empty["sub", "c"].shape == td["sub", "c"].shape
@@ -184,8 +188,15 @@ def test_to_device_and_dtype_together():
 
 @pytest.mark.parametrize(
     "name, dtype",
-    [("float", torch.float32), ("double", torch.float64), ("half", torch.float16), ("bfloat16", torch.bfloat16),
-     ("int", torch.int32), ("long", torch.int64), ("bool", torch.bool)],
+    [
+        ("float", torch.float32),
+        ("double", torch.float64),
+        ("half", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("int", torch.int32),
+        ("long", torch.int64),
+        ("bool", torch.bool),
+    ],
 )
 def test_casts(name, dtype):
     out = getattr(node(), name)()

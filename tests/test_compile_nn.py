@@ -98,7 +98,9 @@ def test_sgd_momentum_step() -> None:
 
 def test_vmap_ensemble() -> None:
     model = mlp()
-    stacked = tt.tree.map(lambda *xs: torch.stack(xs), *(tt.tree.map(torch.randn_like, from_module(model)) for _ in range(5)))
+    stacked = tt.tree.map(
+        lambda *xs: torch.stack(xs), *(tt.tree.map(torch.randn_like, from_module(model)) for _ in range(5))
+    )
     x = torch.randn(8, 4)
     out = check(lambda p, x: torch.func.vmap(lambda q: functional_call(model, q, x))(p), stacked, x)
     assert out.shape == (5, 8, 1)

@@ -125,9 +125,11 @@ TAG_CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[Any, ...]]]
     "nested-unlock": (lambda td: td.unlock()["n"].unlock(), shared),
     "sub-node-of-locked": (lambda td: td["n"], locked),
     "tagged-types": (
-        lambda td: td["x"] * (2 if isinstance(td, TensorDict[Shared]) else 3)
-        + (1 if isinstance(td.unlock(), TensorDict[Locked, Shared]) else 0)
-        + (10 if type(td.unlock()) is TensorDict[Shared] else 0),
+        lambda td: (
+            td["x"] * (2 if isinstance(td, TensorDict[Shared]) else 3)
+            + (1 if isinstance(td.unlock(), TensorDict[Locked, Shared]) else 0)
+            + (10 if type(td.unlock()) is TensorDict[Shared] else 0)
+        ),
         shared,
     ),
     "mixed-binary": (lambda a, b: (a + b, a.select("x"), b["n"]), lambda s: (nested(s).lock(), nested(s + 7))),
@@ -269,7 +271,13 @@ def code(node: Any) -> float:
 def view_and_new(q: TensorDict) -> torch.Tensor:
     """``q``'s view and arithmetic results' tags, as values; each also locked first inside the transform."""
     ql = q.lock()
-    codes = [code(q.select("x")), code(q["n"]), code(q.apply(lambda x: x * 2)), code(ql.select("x")), code(ql.apply(lambda x: x * 2))]
+    codes = [
+        code(q.select("x")),
+        code(q["n"]),
+        code(q.apply(lambda x: x * 2)),
+        code(ql.select("x")),
+        code(ql.apply(lambda x: x * 2)),
+    ]
     return q["x"] * 0 + torch.tensor(codes).sum() + codes[3] * 10 + codes[4] * 100
 
 

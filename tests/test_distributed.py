@@ -30,8 +30,17 @@ from tdtree.testing import assert_equal
 
 MODES = (None, True, False)
 DTYPES = (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
 )
 # gloo's all_reduce refuses int16; bool sums are not a reduction a node test should pin down
 REDUCIBLE = tuple(d for d in DTYPES if d not in (torch.int16, torch.bool))
@@ -58,7 +67,10 @@ def nested(seed: int, dtypes: tuple[torch.dtype, ...] = DTYPES) -> tt.TensorDict
     return tt.TensorDict(
         {
             **leaves,
-            "next": {"reward": _values((4, 1), torch.float32, gen), "deep": {"obs": _values((4, 2, 2), dtypes[0], gen)}},
+            "next": {
+                "reward": _values((4, 1), torch.float32, gen),
+                "deep": {"obs": _values((4, 2, 2), dtypes[0], gen)},
+            },
             "extra": tt.TensorDict({"y": _values((4, 5, 2), dtypes[-1], gen)}, [4, 5]),
             "transposed": _values((3, 4), torch.float32, gen).t(),
             "empty_leaf": torch.zeros(4, 0),
@@ -119,7 +131,9 @@ def _outcome(results: list[dict[str, Any]], name: str) -> list[Any]:
     for rank in members:
         status, value = results[rank].get(name, ("not run", None))
         if status != "ok":
-            raised = [f"{k} on rank {r}:\n{v[1]}" for r, res in enumerate(results) for k, v in res.items() if v[0] == "raised"]
+            raised = [
+                f"{k} on rank {r}:\n{v[1]}" for r, res in enumerate(results) for k, v in res.items() if v[0] == "raised"
+            ]
             pytest.fail(f"{name} {status} on rank {rank}; the first failure: {raised[:1]}")
         seen.append(value)
     return seen
@@ -188,13 +202,20 @@ def recv_into_shared_and_memmap(rank: int, world: int, group: Any) -> dict[Any, 
                 ttd.send(nested(3), 1, consolidated=mode)
                 continue
             with tempfile.TemporaryDirectory() as tmp:
-                into = {"shared": nested(0).share_memory, "memmap": lambda: nested(0).memmap(f"{tmp}/node"),
-                        "plain": lambda: nested(0)}[kind]()
+                into = {
+                    "shared": nested(0).share_memory,
+                    "memmap": lambda: nested(0).memmap(f"{tmp}/node"),
+                    "plain": lambda: nested(0),
+                }[kind]()
                 kind_before, ptrs = type(into), _storages(into)
                 out = ttd.recv_(into, 0, consolidated=mode)
                 shared = all(x.is_shared() for x in tt.tree.leaves(into) if x.numel()) if kind == "shared" else True
                 got[(mode, kind)] = (
-                    out is into, type(into) is kind_before, _storages(into) == ptrs, shared, into.clone()
+                    out is into,
+                    type(into) is kind_before,
+                    _storages(into) == ptrs,
+                    shared,
+                    into.clone(),
                 )
     return got
 
@@ -239,7 +260,9 @@ def mismatches(rank: int, world: int, group: Any) -> dict[str, Any]:
     for name, td in cases.items():
         got[name] = _error(lambda: ttd.send(td, 1) if rank == 0 else ttd.recv(td, 0))
     mode = rank == 0  # consolidated on rank 0, per-leaf on rank 1
-    got["mode"] = _error(lambda: ttd.send(base, 1, consolidated=mode) if rank == 0 else ttd.recv(base, 0, consolidated=mode))
+    got["mode"] = _error(
+        lambda: ttd.send(base, 1, consolidated=mode) if rank == 0 else ttd.recv(base, 0, consolidated=mode)
+    )
     for mode in MODES:  # both send at once, then both receive: a swap
         pending = ttd.isend(nested(40 + rank), 1 - rank, consolidated=mode)
         got[("swap", mode)] = ttd.recv(base, 1 - rank, consolidated=mode)
@@ -342,16 +365,20 @@ def channel_transfers(rank: int, world: int, group: Any) -> dict[Any, Any]:
         if name == "large":
             continue
         # and plain recv_ in the channel's mode (complex128 in the first message's bytes, for "small")
-        got[(name, "plain recv_")] = ttd.recv_(make(0), 0, consolidated=mode) if rank else ttd.send(
-            make(1), 1, consolidated=mode
+        got[(name, "plain recv_")] = (
+            ttd.recv_(make(0), 0, consolidated=mode) if rank else ttd.send(make(1), 1, consolidated=mode)
         )
         for kind in ("shared", "memmap", "locked", "plain"):
             if rank == 0:
                 ch.send(make(3))
                 continue
             with tempfile.TemporaryDirectory() as tmp:
-                into = {"shared": make(0).share_memory, "memmap": lambda: make(0).memmap(f"{tmp}/node"),
-                        "locked": lambda: make(0).lock(), "plain": lambda: make(0)}[kind]()
+                into = {
+                    "shared": make(0).share_memory,
+                    "memmap": lambda: make(0).memmap(f"{tmp}/node"),
+                    "locked": lambda: make(0).lock(),
+                    "plain": lambda: make(0),
+                }[kind]()
                 kind_before, ptrs = type(into), _storages(into)
                 back = ch.recv_(into)
                 got[(name, kind)] = (back is into, type(into) is kind_before, _storages(into) == ptrs, into.clone())
@@ -516,7 +543,11 @@ SCENARIOS: list[tuple[Callable[[int, int, Any], Any], tuple[int, ...]]] = [
 
 def job(rank: int, world: int) -> dict[str, Any]:
     """Every scenario on its ranks, one after the other; stops at the first that raises."""
-    groups: dict[tuple[int, ...], Any] = {(0, 1): dist.new_group([0, 1]), (2, 3): dist.new_group([2, 3]), (0, 1, 2, 3): None}
+    groups: dict[tuple[int, ...], Any] = {
+        (0, 1): dist.new_group([0, 1]),
+        (2, 3): dist.new_group([2, 3]),
+        (0, 1, 2, 3): None,
+    }
     out: dict[str, Any] = {}
     for scenario, members in SCENARIOS:
         name = scenario.__name__
@@ -625,7 +656,9 @@ def test_collectives_four_processes(results: list[dict[str, Any]]) -> None:
         ("mode", ["consolidated", "per-leaf"]),
     ],
 )
-def test_point_to_point_mismatch_raises_on_both_sides(results: list[dict[str, Any]], case: str, names: list[str]) -> None:
+def test_point_to_point_mismatch_raises_on_both_sides(
+    results: list[dict[str, Any]], case: str, names: list[str]
+) -> None:
     for rank, got in enumerate(_outcome(results, "mismatches")):
         kind, message, seconds = got[case]
         assert kind == StructureMismatchError.__name__, f"rank {rank}: {kind} {message}"
@@ -758,7 +791,9 @@ def test_channel_in_a_group_by_global_rank(results: list[dict[str, Any]]) -> Non
         ("mode", ["consolidated", "per-leaf"]),
     ],
 )
-def test_channel_creation_mismatch_raises_on_both_sides(results: list[dict[str, Any]], case: str, names: list[str]) -> None:
+def test_channel_creation_mismatch_raises_on_both_sides(
+    results: list[dict[str, Any]], case: str, names: list[str]
+) -> None:
     for rank, got in enumerate(_outcome(results, "channel_misuse")):
         kind, message, seconds = got[("create", case)]
         assert kind == StructureMismatchError.__name__, f"rank {rank}: {kind} {message}"

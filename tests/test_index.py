@@ -12,7 +12,9 @@ from tdtree.testing import assert_equal
 
 def make_td() -> tt.TensorDict:
     sub = tt.TensorDict({"c": torch.arange(120.0).reshape(3, 4, 5, 2)}, [3, 4, 5])
-    return tt.TensorDict({"a": torch.arange(24.0).reshape(3, 4, 2), "b": torch.arange(12).reshape(3, 4), "sub": sub}, [3, 4])
+    return tt.TensorDict(
+        {"a": torch.arange(24.0).reshape(3, 4, 2), "b": torch.arange(12).reshape(3, 4), "sub": sub}, [3, 4]
+    )
 
 
 def ptr(t: torch.Tensor) -> int:
@@ -21,9 +23,28 @@ def ptr(t: torch.Tensor) -> int:
 
 @pytest.mark.parametrize(
     "idx",
-    [0, -1, slice(1, 3), slice(None, None, 2), None, Ellipsis, (0, 1), (Ellipsis, 0), (None, Ellipsis, None),
-     [0, 2], ([0, 2], [1, 3]), ([0, 2], slice(None)), (slice(None), [3, 0]), (), (0, Ellipsis),
-     (None, slice(None), 1), (Ellipsis, 1), (1, None, Ellipsis), (slice(1, 3), Ellipsis, None), (Ellipsis,)],
+    [
+        0,
+        -1,
+        slice(1, 3),
+        slice(None, None, 2),
+        None,
+        Ellipsis,
+        (0, 1),
+        (Ellipsis, 0),
+        (None, Ellipsis, None),
+        [0, 2],
+        ([0, 2], [1, 3]),
+        ([0, 2], slice(None)),
+        (slice(None), [3, 0]),
+        (),
+        (0, Ellipsis),
+        (None, slice(None), 1),
+        (Ellipsis, 1),
+        (1, None, Ellipsis),
+        (slice(1, 3), Ellipsis, None),
+        (Ellipsis,),
+    ],
     ids=repr,
 )
 def test_index_like_torch(idx) -> None:
@@ -115,8 +136,16 @@ T0, T1 = torch.tensor(0), torch.tensor(1)
 
 @pytest.mark.parametrize(
     "index",
-    [T1, (T0, None), (T0, slice(None), [0]), (slice(None), T1, [0, 1]), ([0, 1], slice(None), T0), (T0, T1),
-     (None, T1, ..., [2]), ([1], slice(None), T0)],
+    [
+        T1,
+        (T0, None),
+        (T0, slice(None), [0]),
+        (slice(None), T1, [0, 1]),
+        ([0, 1], slice(None), T0),
+        (T0, T1),
+        (None, T1, ..., [2]),
+        ([1], slice(None), T0),
+    ],
     ids=repr,
 )
 def test_a_0_dim_int_tensor_indexes_as_an_int(index: Any) -> None:
@@ -155,11 +184,15 @@ def test_at_set_errors() -> None:
         td.at[0].set(td[0].exclude("b"))
     with pytest.raises(BatchSizeError, match=r"batch_size \(2, 4\) is not td\[idx\]\.batch_size \(4,\)"):
         td.at[0].set(td[:2])
-    with pytest.raises(WriteShapeError, match=r"'a' has shape \(4, 2\) and the value's shape \(4, 3\) does not broadcast"):
+    with pytest.raises(
+        WriteShapeError, match=r"'a' has shape \(4, 2\) and the value's shape \(4, 3\) does not broadcast"
+    ):
         td.at[0].set(td[0].exclude("a").set("a", torch.zeros(4, 3)))
     with pytest.raises(BatchSizeError, match=r"shape \(5,\).*does not broadcast to td\[idx\]\.batch_size \(4,\)"):
         td.at[0].set(torch.zeros(5))
-    with pytest.raises(WriteTypeError, match=r"'b' holds torch.int64 and the value is torch.float32, which does not cast"):
+    with pytest.raises(
+        WriteTypeError, match=r"'b' holds torch.int64 and the value is torch.float32, which does not cast"
+    ):
         td.at[0].set(td[0].exclude("b").set("b", torch.zeros(4)))
     with pytest.raises(TypeError, match="must be a node, a tensor or a number"):
         td.at[0].set("x")
@@ -200,7 +233,9 @@ def test_at_set_inplace_checks_before_writing() -> None:
     td = make_td()
     before = td.clone()
     bad = td[0].exclude("sub").set("sub", {"c": torch.zeros(4, 5, 3)})
-    with pytest.raises(WriteShapeError, match=r"\('sub', 'c'\) has shape \(4, 5, 2\) and the value's shape \(4, 5, 3\)"):
+    with pytest.raises(
+        WriteShapeError, match=r"\('sub', 'c'\) has shape \(4, 5, 2\) and the value's shape \(4, 5, 3\)"
+    ):
         td.at[0].set_(bad)  # "a" and "b" come first and must not have been written
     assert_equal(td, before)
     with pytest.raises(WriteTypeError, match="does not cast"):

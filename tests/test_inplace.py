@@ -124,7 +124,9 @@ def test_update_missing_key_raises_before_writing() -> None:
 def test_update_wrong_dtype_raises_before_writing() -> None:
     td = _node()
     snap = _snapshot(td)
-    with pytest.raises(WriteError, match=r"update_: 'i' holds torch.int64 and the value is torch.float32, which does not cast.*\.to\("):
+    with pytest.raises(
+        WriteError, match=r"update_: 'i' holds torch.int64 and the value is torch.float32, which does not cast.*\.to\("
+    ):
         td.update_({"x": torch.ones(2, 3), "i": torch.ones(2)})
     _assert_untouched(snap)
 
@@ -223,7 +225,9 @@ def test_copy_writes_every_leaf() -> None:
 def test_copy_key_mismatch_raises_before_writing() -> None:
     td = _node()
     snap = _snapshot(td)
-    with pytest.raises(KeyMismatchError, match=r"copy_ at 'n': .*only in the first: \[\"\('n', 'y'\)\"\], only in the second: none"):
+    with pytest.raises(
+        KeyMismatchError, match=r"copy_ at 'n': .*only in the first: \[\"\('n', 'y'\)\"\], only in the second: none"
+    ):
         td.copy_(_node().exclude(("n", "y")))
     with pytest.raises(KeyMismatchError, match=r"copy_: .*only in the first: none, only in the second: \[\"'z'\"\]"):
         td.copy_(_node().set("z", torch.ones(2)))
@@ -323,9 +327,7 @@ def test_share_memory_of_a_memmap_tagged_node_gives_shared_locked() -> None:
 
 
 def test_share_memory_zero_size_and_noncontiguous_leaves() -> None:
-    td = tt.TensorDict(
-        {"e": torch.zeros(3, 0), "t": torch.arange(6.0).reshape(2, 3).t()}, batch_size=[3]
-    )
+    td = tt.TensorDict({"e": torch.zeros(3, 0), "t": torch.arange(6.0).reshape(2, 3).t()}, batch_size=[3])
     shared = td.share_memory()
     assert shared["e"].shape == (3, 0)
     assert shared["t"].is_shared()
@@ -402,7 +404,11 @@ def _refused_untouched(td: tt.TensorDict, write: Any, error: type[Exception], ma
         (lambda td: td.at[0].set_(300), WriteError, r"'b' holds torch.uint8 and the value 300 is out of its range"),
         (lambda td: td.at[torch.tensor([0, 5])].set_(1), WriteIndexError, r"index 5 is out of range for batch dim 0"),
         (lambda td: td.update_({"a": torch.ones(3), "b": 300}), WriteError, r"'b' holds torch.uint8 and the value 300"),
-        (lambda td: td.update_({"b": torch.ones(3, dtype=torch.uint8), "a": 1e300}), WriteError, r"'a' .* 1e\+300 is out"),
+        (
+            lambda td: td.update_({"b": torch.ones(3, dtype=torch.uint8), "a": 1e300}),
+            WriteError,
+            r"'a' .* 1e\+300 is out",
+        ),
         (lambda td: td.update_({"a": torch.ones(3), "b": -1}), WriteError, r"'b' holds torch.uint8 and the value -1"),
         (lambda td: td.at[0].set_(1.5), WriteTypeError, r"'b' holds torch.uint8 and the value 1.5 is a float"),
         (lambda td: td.at[:].set_("x"), WriteTypeError, r"must be a node, a tensor or a number, got str"),
@@ -418,7 +424,9 @@ def test_refused_writes_write_nothing(write: Any, error: type[Exception], match:
 def test_at_set_inplace_follows_update_casting_rule() -> None:
     td = tt.TensorDict({"i": torch.zeros(2, dtype=torch.int64), "m": torch.zeros(2, dtype=torch.bool)}, [2])
     _refused_untouched(td, lambda t: t.at[0].set_(1.5), WriteTypeError, r"'i' holds torch.int64 and the value 1.5")
-    _refused_untouched(td.select("m"), lambda t: t.at[0].set_(7), WriteTypeError, r"'m' holds torch.bool and the value 7")
+    _refused_untouched(
+        td.select("m"), lambda t: t.at[0].set_(7), WriteTypeError, r"'m' holds torch.bool and the value 7"
+    )
     assert isinstance(WriteTypeError("x"), TypeError) and isinstance(WriteShapeError("x"), BatchSizeError)
     assert isinstance(WriteIndexError("x"), IndexError) and isinstance(WriteIndexError("x"), BatchDimError)
 
@@ -490,11 +498,22 @@ def test_at_set_inplace_index_tensor_into_unsigned(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize(
     ("dtype", "value", "fits"),
     [
-        (torch.uint8, 255, True), (torch.uint8, 256, False), (torch.uint8, -1, False),
-        (torch.int64, 2**63 - 1, True), (torch.int64, 2**63, False), (torch.int8, True, True),
-        (torch.float16, 65504.0, True), (torch.float16, 65520.0, False), (torch.float32, 1e300, False),
-        (torch.float32, float("inf"), True), (torch.float32, float("nan"), True), (torch.float32, 2**200, False),
-        (torch.complex64, 1e300j, False), (torch.complex64, 1 + 1j, True), (torch.bfloat16, 3.38e38, True), (torch.bfloat16, 3.4e38, False),
+        (torch.uint8, 255, True),
+        (torch.uint8, 256, False),
+        (torch.uint8, -1, False),
+        (torch.int64, 2**63 - 1, True),
+        (torch.int64, 2**63, False),
+        (torch.int8, True, True),
+        (torch.float16, 65504.0, True),
+        (torch.float16, 65520.0, False),
+        (torch.float32, 1e300, False),
+        (torch.float32, float("inf"), True),
+        (torch.float32, float("nan"), True),
+        (torch.float32, 2**200, False),
+        (torch.complex64, 1e300j, False),
+        (torch.complex64, 1 + 1j, True),
+        (torch.bfloat16, 3.38e38, True),
+        (torch.bfloat16, 3.4e38, False),
     ],
 )
 def test_number_range(dtype: torch.dtype, value: Any, fits: bool) -> None:

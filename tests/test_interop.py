@@ -14,14 +14,12 @@ from typing import Any
 
 import pytest
 import torch
+from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict, tensordict_like
+from conftest import CORPUS
 
 import tdtree as tt
 import tdtree.nn
 from tdtree.testing import assert_equal
-
-from _tensordict_side import assert_same_tensordict, needs_tensordict, tensordict, tensordict_like
-from conftest import CORPUS
-
 
 
 def _leaves_identical(a: Any, b: Any) -> None:
@@ -234,7 +232,9 @@ def test_tensordict_tensorclass_to_a_tdtree_tensorclass() -> None:
 
 @needs_tensordict
 def test_non_tensor_data_is_refused_naming_the_key() -> None:
-    td = tensordict.TensorDict({"a": torch.zeros(2), "s": {"name": tensordict.NonTensorData("hi", batch_size=[2])}}, [2])
+    td = tensordict.TensorDict(
+        {"a": torch.zeros(2), "s": {"name": tensordict.NonTensorData("hi", batch_size=[2])}}, [2]
+    )
     with pytest.raises(TypeError, match=r"\('s', 'name'\).*tensors only"):
         tt.from_tensordict(td)
 

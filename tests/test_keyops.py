@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import tdtree as tt
-from tdtree.testing import assert_equal
 from tdtree.errors import BatchSizeError, KeyCollisionError, KeyNotFoundError, LockedError, NotANodeKeyError
+from tdtree.testing import assert_equal
 
 
 @pytest.fixture
@@ -28,7 +28,9 @@ def test_get_forms(td: tt.TensorDict) -> None:
 
 
 def test_missing_key_error_names_key_keys_and_matches(td: tt.TensorDict) -> None:
-    with pytest.raises(KeyNotFoundError, match=r"key 'ob' not found; the keys here are: 'next', 'obs'\. Did you mean 'obs'") as err:
+    with pytest.raises(
+        KeyNotFoundError, match=r"key 'ob' not found; the keys here are: 'next', 'obs'\. Did you mean 'obs'"
+    ) as err:
         td["ob"]
     assert isinstance(err.value, KeyError) and err.value.key == "ob"
     with pytest.raises(KeyNotFoundError, match=r"\('next', 'rewad'\) not found.*Did you mean \('next', 'reward'\)"):

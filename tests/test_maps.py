@@ -204,7 +204,9 @@ def test_sub_node_batch_mismatch_names_key():
 
 
 def test_tensor_that_does_not_fit_batch_names_shapes():
-    with pytest.raises(BatchSizeError, match=r"tensor operand of shape \(3,\) does not broadcast to the batch_size \(4,\)"):
+    with pytest.raises(
+        BatchSizeError, match=r"tensor operand of shape \(3,\) does not broadcast to the batch_size \(4,\)"
+    ):
         flat() + torch.ones(3)
     with pytest.raises(BatchSizeError, match=r"shape \(4, 3\) does not broadcast to the batch_size \(4,\)"):
         torch.ones(4, 3) - flat()
@@ -343,7 +345,9 @@ def test_all_any_with_dim_give_nodes():
 
 def test_reduce_bad_dims():
     td = TensorDict({"x": torch.randn(2, 3, 4)}, [2, 3])
-    with pytest.raises(IndexError, match=r"sum: dim 2 is out of range for the batch_size \(2, 3\) \(batch dims are -2..1"):
+    with pytest.raises(
+        IndexError, match=r"sum: dim 2 is out of range for the batch_size \(2, 3\) \(batch dims are -2..1"
+    ):
         td.sum(2)
     with pytest.raises(IndexError, match=r"mean: dim \(0, -2\) names a batch dim twice"):
         td.mean((0, -2))

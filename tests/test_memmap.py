@@ -105,9 +105,26 @@ def test_noncontiguous_and_expanded_leaves_are_written_as_values(tmp_path):
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
-     torch.uint64, torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex32,
-     torch.complex64, torch.complex128, torch.float8_e4m3fn, torch.float8_e5m2],
+    [
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex32,
+        torch.complex64,
+        torch.complex128,
+        torch.float8_e4m3fn,
+        torch.float8_e5m2,
+    ],
     ids=str,
 )
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
@@ -248,7 +265,21 @@ def test_missing_parents_are_created(tmp_path):
 # -- keys as file names ----------------------------------------------------------------------------
 
 
-KEYS = ["a/b", "..", "../../evil", "/etc/passwd", "with space", "ünïcødé ✓", "x" * 1000, "Case", "case", "", ".", "\\", "nul\x00byte"]
+KEYS = [
+    "a/b",
+    "..",
+    "../../evil",
+    "/etc/passwd",
+    "with space",
+    "ünïcødé ✓",
+    "x" * 1000,
+    "Case",
+    "case",
+    "",
+    ".",
+    "\\",
+    "nul\x00byte",
+]
 
 
 def test_any_key_round_trips_and_nothing_escapes(tmp_path):
@@ -353,7 +384,10 @@ def test_missing_metadata_file(tmp_path):
     [
         ("{not json", r"Expecting property name"),
         ("[1, 2]", r"not a tdtree memmap description"),
-        ('{"format": "tdtree-memmap", "version": 1, "type": "os.system", "tree": {}}', r"unknown node type 'os.system'"),
+        (
+            '{"format": "tdtree-memmap", "version": 1, "type": "os.system", "tree": {}}',
+            r"unknown node type 'os.system'",
+        ),
         ("[" * 100000 + "]" * 100000, r"recursion|nests too deeply"),
     ],
     ids=["syntax", "not-a-dict", "bad-type", "deep"],
@@ -367,9 +401,15 @@ def test_corrupt_metadata_file(stored, text, reason):
 @pytest.mark.parametrize(
     "edit, reason",
     [
-        (lambda d: d["tree"].update(batch_size=[5]), r"entry 'mask' has shape \(4,\), which does not start with the batch_size \(5,\)"),
+        (
+            lambda d: d["tree"].update(batch_size=[5]),
+            r"entry 'mask' has shape \(4,\), which does not start with the batch_size \(5,\)",
+        ),
         (lambda d: d["tree"].update(batch_size="4"), r"the root node has a malformed batch_size '4'"),
-        (lambda d: d["tree"]["entries"].append(["mask", {"leaf": 4, "dtype": "bool", "shape": [4]}]), r"the root node holds the key 'mask' twice"),
+        (
+            lambda d: d["tree"]["entries"].append(["mask", {"leaf": 4, "dtype": "bool", "shape": [4]}]),
+            r"the root node holds the key 'mask' twice",
+        ),
         (lambda d: d["tree"]["entries"][0][1].update(leaf=3), r"leaf 'mask' should be leaf 0, found 3"),
         (lambda d: d["tree"]["entries"][0][1].update(shape=[-1]), r"leaf 'mask' has a malformed shape \[-1\]"),
         (lambda d: d["tree"]["entries"][0][1].update(dtype="float99"), r"leaf 'mask' has an unknown dtype 'float99'"),
@@ -408,7 +448,9 @@ def test_missing_leaf_file_is_not_created(stored):
 @pytest.mark.parametrize("size", [3, 100], ids=["short", "long"])
 def test_leaf_file_of_the_wrong_size_is_not_changed(stored, size):
     (stored / leaf_name(0)).write_bytes(b"\x01" * size)
-    with pytest.raises(MemmapError, match=rf"leaf file .*mm/leaf-000000.bin holds {size} bytes; its metadata asks for 4"):
+    with pytest.raises(
+        MemmapError, match=rf"leaf file .*mm/leaf-000000.bin holds {size} bytes; its metadata asks for 4"
+    ):
         tt.load_memmap(stored)
     assert (stored / leaf_name(0)).stat().st_size == size
 
@@ -426,7 +468,9 @@ def torch_round_trip(td, weights_only):
 @pytest.mark.parametrize("kind", ["plain", "locked", "memmap"])
 @pytest.mark.parametrize("how", ["pickle", "torch-weights-only", "torch-full"])
 def test_pickling_keeps_values_and_tags(tmp_path, kind, how):
-    td = {"plain": nested, "locked": lambda: nested().lock(), "memmap": lambda: nested().memmap(tmp_path / "mm")}[kind]()
+    td = {"plain": nested, "locked": lambda: nested().lock(), "memmap": lambda: nested().memmap(tmp_path / "mm")}[
+        kind
+    ]()
     if how == "pickle":
         back = pickle.loads(pickle.dumps(td))
     else:
@@ -508,8 +552,14 @@ def test_crafted_references_open_nothing_else(tmp_path):
     ]
     nested().memmap(tmp_path / "mm")
     cases += [
-        (("tdtree.memmap-leaf", str(tmp_path / "mm"), 7, True, 8, "float32", (2,), (1,), 0), r"missing leaf file .*leaf-000007.bin"),
-        (("tdtree.memmap-leaf", str(tmp_path / "mm"), 3, True, 48, "float32", (20,), (1,), 0), r"reference does not fit .*leaf-000003.bin"),
+        (
+            ("tdtree.memmap-leaf", str(tmp_path / "mm"), 7, True, 8, "float32", (2,), (1,), 0),
+            r"missing leaf file .*leaf-000007.bin",
+        ),
+        (
+            ("tdtree.memmap-leaf", str(tmp_path / "mm"), 3, True, 48, "float32", (20,), (1,), 0),
+            r"reference does not fit .*leaf-000003.bin",
+        ),
     ]
     for ref, message in cases:
         buf = io.BytesIO()
@@ -576,8 +626,17 @@ def test_hostile_metadata_refused_quickly(tmp_path):
     with pytest.raises(MemmapError, match="meta.json is not a regular file"):
         tt.load_memmap(prefix)
     os.unlink(prefix / META)
-    doc = {"format": "tdtree-memmap", "version": 1, "type": "tdtree.TensorDict", "tags": ["Locked", "Memmap"],
-           "tree": {"batch_size": [], "device": "cpu", "entries": [["x", {"leaf": 0, "dtype": "float32", "shape": [2**63]}]]}}
+    doc = {
+        "format": "tdtree-memmap",
+        "version": 1,
+        "type": "tdtree.TensorDict",
+        "tags": ["Locked", "Memmap"],
+        "tree": {
+            "batch_size": [],
+            "device": "cpu",
+            "entries": [["x", {"leaf": 0, "dtype": "float32", "shape": [2**63]}]],
+        },
+    }
     (prefix / META).write_text(json.dumps(doc))
     with pytest.raises(MemmapError, match=r"meta.json.*\[9223372036854775808\]"):
         tt.load_memmap(prefix)
@@ -587,8 +646,13 @@ def test_mode_r_refuses_writes_mode_c_keeps_them_private(tmp_path):
     prefix = tmp_path / "mm"
     TensorDict({"x": torch.zeros(3)}, [3]).memmap(prefix)
     ro = tt.load_memmap(prefix, mode="r")
-    for write in (lambda t: t.update_({"x": 1.0}), lambda t: t.zero_(), lambda t: t.at[0].set_(1.0),
-                  lambda t: t.fill_("x", 1.0), lambda t: t[1:].copy_(t[1:].unlock().clone())):
+    for write in (
+        lambda t: t.update_({"x": 1.0}),
+        lambda t: t.zero_(),
+        lambda t: t.at[0].set_(1.0),
+        lambda t: t.fill_("x", 1.0),
+        lambda t: t[1:].copy_(t[1:].unlock().clone()),
+    ):
         with pytest.raises(tt.WriteError, match="read-only: it is mapped from .*mode='r'"):
             write(ro)
     cow = tt.load_memmap(prefix, mode="c")

@@ -258,9 +258,7 @@ def test_td_module() -> None:
 def test_td_sequential() -> None:
     td, node = _pair()
     a, b = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
-    out_td = TensorDictSequential(
-        TensorDictModule(a, ["obs"], ["h"]), TensorDictModule(b, ["h"], ["act"])
-    )(td)
+    out_td = TensorDictSequential(TensorDictModule(a, ["obs"], ["h"]), TensorDictModule(b, ["h"], ["act"]))(td)
     out = tdtree.nn.TDSequential(tdtree.nn.TDModule(a, ["obs"], ["h"]), tdtree.nn.TDModule(b, ["h"], ["act"]))(node)
     same(out_td, out)
 

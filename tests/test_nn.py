@@ -57,7 +57,12 @@ def test_from_module_mlp_layout() -> None:
     assert type(p) is tt.TensorDict
     assert p.batch_size == torch.Size(()) and p.tags == frozenset()
     assert list(p.keys(include_nested=True, leaves_only=True)) == [
-        ("0", "bias"), ("0", "weight"), ("2", "bias"), ("2", "weight"), ("4", "bias"), ("4", "weight"),
+        ("0", "bias"),
+        ("0", "weight"),
+        ("2", "bias"),
+        ("2", "weight"),
+        ("4", "bias"),
+        ("4", "weight"),
     ]
     assert p["0", "weight"] is m[0].weight
     assert isinstance(p["4", "bias"], nn.Parameter)
@@ -465,9 +470,7 @@ def test_select_out_keys_drops_only_what_the_chain_created_below_input_keys() ->
     ).select_out_keys(("out", "c"))
     z = torch.ones(5)
     had_out = seq(batch().set(("out", "z"), z))
-    assert list(had_out.keys(include_nested=True)) == [
-        "meta", ("meta", "id"), "out", ("out", "c"), ("out", "z"), "x"
-    ]
+    assert list(had_out.keys(include_nested=True)) == ["meta", ("meta", "id"), "out", ("out", "c"), ("out", "z"), "x"]
     assert had_out["out", "z"] is z
     had_a = seq(batch().set(("out", "a", "k"), z))
     assert list(had_a["out"].keys(include_nested=True)) == ["a", ("a", "k"), "c"]
@@ -558,6 +561,7 @@ def test_td_modules_call_a_module_through_its_own_call() -> None:
 
     td = tt.TensorDict({"x": torch.ones(3)}, [3])
     assert torch.equal(TDModule(Doubled(), "x", "y")(td)["y"], torch.full((3,), 2.0))
+
     class Half(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x / 2

@@ -26,13 +26,30 @@ def test_tuple_keys_in_constructor_nest() -> None:
 def test_tuple_keys_merge_without_changing_the_callers_mappings(first: bool) -> None:
     inner = {"x": torch.zeros(2), "deep": {"z": torch.zeros(2)}}
     sub = tt.TensorDict({"x": torch.zeros(2)}, [2])
-    entries = [("a", inner), (("a", "y"), torch.ones(2)), (("a", "deep", "w"), torch.ones(2)), ("s", sub),
-               (("s", "y"), torch.ones(2)), (("m",), {"p": torch.ones(2)}), ("m", {"q": torch.ones(2)})]
+    entries = [
+        ("a", inner),
+        (("a", "y"), torch.ones(2)),
+        (("a", "deep", "w"), torch.ones(2)),
+        ("s", sub),
+        (("s", "y"), torch.ones(2)),
+        (("m",), {"p": torch.ones(2)}),
+        ("m", {"q": torch.ones(2)}),
+    ]
     source = dict(entries if first else entries[::-1])
     td = tt.TensorDict(source, [2])
     assert list(td.keys(include_nested=True)) == [
-        "a", ("a", "deep"), ("a", "deep", "w"), ("a", "deep", "z"), ("a", "x"), ("a", "y"),
-        "m", ("m", "p"), ("m", "q"), "s", ("s", "x"), ("s", "y"),
+        "a",
+        ("a", "deep"),
+        ("a", "deep", "w"),
+        ("a", "deep", "z"),
+        ("a", "x"),
+        ("a", "y"),
+        "m",
+        ("m", "p"),
+        ("m", "q"),
+        "s",
+        ("s", "x"),
+        ("s", "y"),
     ]
     assert list(inner) == ["x", "deep"] and list(inner["deep"]) == ["z"]
     assert list(sub.keys()) == ["x"]
@@ -85,7 +102,9 @@ def test_device_given_moves_leaves() -> None:
 
 
 def test_shape_mismatch_names_key_batch_and_shape() -> None:
-    with pytest.raises(BatchSizeError, match=r"'b' has shape \(3, 2\), which does not start with the batch_size \(4,\)"):
+    with pytest.raises(
+        BatchSizeError, match=r"'b' has shape \(3, 2\), which does not start with the batch_size \(4,\)"
+    ):
         tt.TensorDict({"a": torch.zeros(4), "b": torch.zeros(3, 2)}, [4])
     with pytest.raises(BatchSizeError, match=r"\('n', 'x'\)"):
         tt.TensorDict({"n": {"x": torch.zeros(3)}}, [4])

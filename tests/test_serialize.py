@@ -12,9 +12,9 @@ import torch
 
 import tdtree as tt
 from tdtree import Locked, TensorDict
+from tdtree._pickle import rebuild_node
 from tdtree.errors import SerializationError
 from tdtree.testing import assert_equal
-from tdtree._pickle import rebuild_node
 
 
 def nested() -> TensorDict:
@@ -24,7 +24,11 @@ def nested() -> TensorDict:
             "mask": torch.tensor([True, False, True, True]),
             "half": torch.randn(4, 2, dtype=torch.bfloat16),
             "z": torch.randn(4, dtype=torch.complex64),
-            "next": {"reward": torch.arange(4.0).unsqueeze(-1), "done": torch.zeros(4, 0), "deep": {"x": torch.ones(4, 2, 1)}},
+            "next": {
+                "reward": torch.arange(4.0).unsqueeze(-1),
+                "done": torch.zeros(4, 0),
+                "deep": {"x": torch.ones(4, 2, 1)},
+            },
         },
         batch_size=[4],
     )
@@ -186,13 +190,18 @@ def test_malicious_pickle_is_refused_and_never_run(tmp_path, writer):
 
 def test_a_pickled_node_is_not_a_save_file(tmp_path):
     torch.save(nested(), tmp_path / "node.pt")
-    with pytest.raises(SerializationError, match=r"corrupt tdtree save file .*node.pt: it does not hold a tdtree description, a packed buffer"):
+    with pytest.raises(
+        SerializationError,
+        match=r"corrupt tdtree save file .*node.pt: it does not hold a tdtree description, a packed buffer",
+    ):
         tt.load(tmp_path / "node.pt")
 
 
 def test_garbage_file(tmp_path):
     (tmp_path / "junk").write_bytes(b"\x00\x01 this is not a checkpoint")
-    with pytest.raises(SerializationError, match=r"refused to load .*junk: it is not a tdtree save file.*\(Unsupported operand 0\)"):
+    with pytest.raises(
+        SerializationError, match=r"refused to load .*junk: it is not a tdtree save file.*\(Unsupported operand 0\)"
+    ):
         tt.load(tmp_path / "junk")
 
 
@@ -214,9 +223,15 @@ def rewrite(path, fn):
     [
         (lambda d, p: d.update(version=3), r"td.pt has format version 3; this tdtree reads version 2"),
         (lambda d, p: d.update(format="other"), r"corrupt tdtree save file .*: it is not a tdtree save description"),
-        (lambda d, p: d.update(type="builtins.eval"), r"corrupt tdtree save file .*: unknown node type 'builtins.eval'"),
+        (
+            lambda d, p: d.update(type="builtins.eval"),
+            r"corrupt tdtree save file .*: unknown node type 'builtins.eval'",
+        ),
         (lambda d, p: d.update(tags="Locked"), r"corrupt tdtree save file .*: malformed tags 'Locked'"),
-        (lambda d, p: p["tensors"].append(torch.zeros(1)), r"corrupt tdtree save file .*: it holds 1 separate tensors for 0 leaves"),
+        (
+            lambda d, p: p["tensors"].append(torch.zeros(1)),
+            r"corrupt tdtree save file .*: it holds 1 separate tensors for 0 leaves",
+        ),
         (lambda d, p: d.update(packed=[0, 1]), r"leaf \('c', 'd'\) should be torch.float32 \(2,\), found None"),
         (
             lambda d, p: (d.update(packed=[1, 2]), p["tensors"].append(torch.zeros(2, dtype=torch.int32))),
@@ -224,16 +239,41 @@ def rewrite(path, fn):
         ),
         (lambda d, p: d.update(packed=[0, 1, 2, 3]), r"its list of packed leaves names 4 leaves, it holds 3"),
         (lambda d, p: d.update(packed=[2, 1]), r"malformed list of packed leaves \[2, 1\]"),
-        (lambda d, p: p.update(packed=p["packed"][:-1]), r"its packed buffer holds 135 bytes, too few for leaf \('c', 'd'\)"),
-        (lambda d, p: p.update(packed=torch.zeros(200, dtype=torch.uint8)), r"its packed buffer holds 200 bytes for 136 bytes of leaves"),
-        (lambda d, p: p.update(packed=torch.zeros(136)), r"packed buffer should be a contiguous 1-d uint8 tensor, found torch.float32 \(136,\)"),
-        (lambda d, p: d["tree"].update(batch_size=[3]), r"entry 'a' has shape \(2, 1\), which does not start with the batch_size \(3,\)"),
+        (
+            lambda d, p: p.update(packed=p["packed"][:-1]),
+            r"its packed buffer holds 135 bytes, too few for leaf \('c', 'd'\)",
+        ),
+        (
+            lambda d, p: p.update(packed=torch.zeros(200, dtype=torch.uint8)),
+            r"its packed buffer holds 200 bytes for 136 bytes of leaves",
+        ),
+        (
+            lambda d, p: p.update(packed=torch.zeros(136)),
+            r"packed buffer should be a contiguous 1-d uint8 tensor, found torch.float32 \(136,\)",
+        ),
+        (
+            lambda d, p: d["tree"].update(batch_size=[3]),
+            r"entry 'a' has shape \(2, 1\), which does not start with the batch_size \(3,\)",
+        ),
         (lambda d, p: d["tree"].update(device="nowhere"), r"unknown device 'nowhere'"),
         (lambda d, p: d["tree"].update(device="meta"), r"the root node is on meta but its leaf 'a' is on cpu"),
     ],
     ids=[
-        "version", "format", "type", "tags", "extra", "missing", "mismatch", "packed-extra", "packed-order",
-        "buffer-short", "buffer-long", "buffer-dtype", "batch", "device", "device-leaf",
+        "version",
+        "format",
+        "type",
+        "tags",
+        "extra",
+        "missing",
+        "mismatch",
+        "packed-extra",
+        "packed-order",
+        "buffer-short",
+        "buffer-long",
+        "buffer-dtype",
+        "batch",
+        "device",
+        "device-leaf",
     ],
 )
 def test_descriptions_that_do_not_fit(tmp_path, edit, message):

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 
 import optree
 import pytest
 import torch
-import torch.utils._pytree as torch_pytree
 import torch.multiprocessing  # noqa: F401  (registers the tensor reductions with ForkingPickler)
-from multiprocessing.reduction import ForkingPickler
+import torch.utils._pytree as torch_pytree
+from _tagsets import tag_sets
 
 import tdtree as tt
 from tdtree._tags import retag, tag_rule
 from tdtree.errors import LockedError
 from tdtree.testing import assert_equal
-
-from _tagsets import tag_sets
 
 SL = frozenset({tt.Shared, tt.Locked})
 
@@ -86,7 +85,6 @@ def test_different_tags_different_structures() -> None:
     for structs in (optree_structs, torch_structs):
         assert structs[0] != structs[1] and structs[1] != structs[2] and structs[0] != structs[2]
     assert optree.tree_structure(shared, namespace="tdtree") == optree.tree_structure(_shared(), namespace="tdtree")
-
 
 
 @pytest.mark.parametrize("registry", ["optree", "torch"])
@@ -239,7 +237,8 @@ def test_list_results_are_decided_one_by_one() -> None:
 def test_functional_editors_refuse_locked_nodes(op, name: str) -> None:
     for td in (_shared(), _plain().lock()):
         with pytest.raises(
-            LockedError, match=rf"^{name}\(\) on a locked node.*update_\(\), copy_\(\) or at\[idx\]\.set_\(\).*unlock\(\)"
+            LockedError,
+            match=rf"^{name}\(\) on a locked node.*update_\(\), copy_\(\) or at\[idx\]\.set_\(\).*unlock\(\)",
         ):
             op(td)
 

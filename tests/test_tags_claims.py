@@ -15,14 +15,13 @@ import optree
 import pytest
 import torch
 import torch.utils._pytree as torch_pytree
+from _tagsets import tag_sets
 
 import tdtree as tt
 import tdtree.optim as optim
 from tdtree._base import from_meta, make, make_tagged, with_meta
 from tdtree._tags import tagged_type
 from tdtree.errors import LockedError
-
-from _tagsets import tag_sets
 
 
 def _shared() -> tt.TensorDict:

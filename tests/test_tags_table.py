@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+from _tagsets import tag_sets
 
 import tdtree as tt
-
-from _tagsets import tag_sets
 
 SL = frozenset({tt.Shared, tt.Locked})
 

@@ -15,13 +15,12 @@ import optree
 import pytest
 import torch
 import torch.utils._pytree as torch_pytree
+from _tcstatics import statics
 
 import tdtree as tt
 from tdtree import Locked, Memmap, Shared, TensorDict
 from tdtree.errors import BatchSizeError, FieldError, LockedError, MemmapError
 from tdtree.testing import assert_equal
-
-from _tcstatics import statics
 
 
 class Phase(enum.Enum):
@@ -146,9 +145,18 @@ def test_frozen():
 def test_repr_names_class_and_every_field():
     text = repr(make_obs())
     assert text.startswith("Obs(")
-    for part in ("x=Tensor(shape=(4, 3)", "inner=Inner(", "y=Tensor(shape=(4, 2)", "label='deep'",
-                 "extras=TensorDict(", "phase=<Phase.EVAL: 'eval'>", "count=7", "scale=2.5", "note='hi'",
-                 "batch_size=(4,)"):
+    for part in (
+        "x=Tensor(shape=(4, 3)",
+        "inner=Inner(",
+        "y=Tensor(shape=(4, 2)",
+        "label='deep'",
+        "extras=TensorDict(",
+        "phase=<Phase.EVAL: 'eval'>",
+        "count=7",
+        "scale=2.5",
+        "note='hi'",
+        "batch_size=(4,)",
+    ):
         assert part in text
     assert "tags={Locked}" in repr(make_obs().lock())
 
@@ -340,7 +348,8 @@ def test_operation_returns_the_class(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["unbind", "split", "chunk"],
+    "name",
+    ["unbind", "split", "chunk"],
 )
 def test_tuple_results_are_each_the_class(name):
     obs = make_obs()
@@ -530,8 +539,10 @@ def _edit_record(prefix: str, edit: Callable[[dict], None]) -> None:
     [
         (lambda r: r.update({"class": "os.system"}), r"unknown tensorclass 'os.system': import the module"),
         (lambda r: r["static"].append(["nope", 1]), r"malformed field entry \['nope', 1\] for Obs"),
-        (lambda r: r["static"].__setitem__(0, ["phase", {"enum": "os.Evil", "name": "X"}]),
-         r"Obs.phase holds os.Evil.X, which is not a member of an enum its annotation names"),
+        (
+            lambda r: r["static"].__setitem__(0, ["phase", {"enum": "os.Evil", "name": "X"}]),
+            r"Obs.phase holds os.Evil.X, which is not a member of an enum its annotation names",
+        ),
         (lambda r: r["static"].__setitem__(1, ["count", [1, 2]]), r"Obs.count holds \[1, 2\], not a static value"),
         (lambda r: r.update({"nested": []}), r"Obs.inner expects Inner, got TensorDict"),
     ],
@@ -613,7 +624,11 @@ def test_typed_example_runs(capsys):
         ("amax", lambda o: o.amax(0), lambda td: td.amax(0)),
         ("amin", lambda o: o.amin(), lambda td: td.amin()),
         ("bfloat16", lambda o: o.bfloat16(), lambda td: td.bfloat16()),
-        ("named_apply", lambda o: o.named_apply(lambda k, x: x * len(k)), lambda td: td.named_apply(lambda k, x: x * len(k))),
+        (
+            "named_apply",
+            lambda o: o.named_apply(lambda k, x: x * len(k)),
+            lambda td: td.named_apply(lambda k, x: x * len(k)),
+        ),
         ("where", lambda o: tt.where(o > 0, o, -o), lambda td: tt.where(td > 0, td, -td)),
     ],
 )

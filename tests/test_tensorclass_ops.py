@@ -44,7 +44,11 @@ def assert_fields(out: Any, x: torch.Tensor, y: torch.Tensor) -> None:
 
 
 UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "neg": torch.neg, "abs": torch.abs, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "sign": torch.sign,
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "sign": torch.sign,
 }
 
 
@@ -55,7 +59,9 @@ def test_unary_operations(name: str) -> None:
 
 
 BINARY: dict[str, Callable[[Any, Any], Any]] = {
-    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
+    "pow": operator.pow,
 }
 
 
@@ -151,16 +157,34 @@ def test_pin_memory_and_cuda_are_forwarded_to_the_inner_node() -> None:
 # record has as declared fields (read them as attributes, change them with replace), or builds a
 # TensorDict from other data.
 NOT_ON_RECORDS = {
-    "__class_getitem__", "__contains__", "__delitem__", "__iter__", "__len__", "__setitem__",
-    "exclude", "flatten_keys", "from_dataclass", "from_dict", "from_namedtuple", "get", "items", "keys",
-    "rename", "select", "set", "setdefault", "to_dict", "to_namedtuple", "unflatten_keys", "update", "values",
+    "__class_getitem__",
+    "__contains__",
+    "__delitem__",
+    "__iter__",
+    "__len__",
+    "__setitem__",
+    "exclude",
+    "flatten_keys",
+    "from_dataclass",
+    "from_dict",
+    "from_namedtuple",
+    "get",
+    "items",
+    "keys",
+    "rename",
+    "select",
+    "set",
+    "setdefault",
+    "to_dict",
+    "to_namedtuple",
+    "unflatten_keys",
+    "update",
+    "values",
 }
 
 
 def test_every_node_operation_is_on_tensorclasses_or_named_as_not_applying() -> None:
-    public = {
-        n for n in dir(TensorDict) if not n.startswith("_") or (n.startswith("__") and n.endswith("__"))
-    }
+    public = {n for n in dir(TensorDict) if not n.startswith("_") or (n.startswith("__") and n.endswith("__"))}
     missing = sorted(n for n in public - set(dir(Rec)) if n not in NOT_ON_RECORDS)
     assert missing == []
     assert not NOT_ON_RECORDS & set(dir(Rec)) - set(dir(object))

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SUITE = '''
+SUITE = """
 import json, os, torch, tdtree as tt
 from tdtree.testing.fixtures import *  # noqa: F403 - a checkout not installed imports the plugin
 
@@ -37,7 +37,7 @@ def test_shared(tdtree_shared):
 def test_after():
     with open(os.environ["SEEN_FILE"], "w") as f:
         json.dump(SEEN, f)
-'''
+"""
 
 
 def test_fixtures_give_memmap_and_shared_nodes_and_remove_the_files(tmp_path):
@@ -45,8 +45,22 @@ def test_fixtures_give_memmap_and_shared_nodes_and_remove_the_files(tmp_path):
     seen = tmp_path / "seen.json"
     env = {**os.environ, "SEEN_FILE": str(seen), "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:tdtree", str(tmp_path / "test_user.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:tdtree",
+            str(tmp_path / "test_user.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "3 passed" in run.stdout

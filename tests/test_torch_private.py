@@ -32,7 +32,9 @@ def test_transforms_active_folds_under_compile():
     x = torch.randn(3, 2)
     compiled = torch.compile(f, fullgraph=True, backend="eager")
     torch.testing.assert_close(compiled(x), x * 2)
-    torch.testing.assert_close(torch.compile(lambda y: torch.func.vmap(f)(y), fullgraph=True, backend="eager")(x), x * 3)
+    torch.testing.assert_close(
+        torch.compile(lambda y: torch.func.vmap(f)(y), fullgraph=True, backend="eager")(x), x * 3
+    )
 
 
 def test_unwrapped_reaches_the_wrapped_storage_at_every_level():
@@ -115,9 +117,19 @@ _KERNEL_CALLS = [
     (torch._foreach_div, lambda xs, ys: (xs, ys), {}),
     (torch._foreach_pow, lambda xs, ys: (xs, 2), {}),
     (torch._foreach_lerp, lambda xs, ys: (xs, ys, 0.1), {}),
-    *[(k, lambda xs, ys: (xs,), {}) for k in (torch._foreach_neg, torch._foreach_abs, torch._foreach_exp,
-                                              torch._foreach_log, torch._foreach_sqrt, torch._foreach_sigmoid,
-                                              torch._foreach_tanh, torch._foreach_sign)],
+    *[
+        (k, lambda xs, ys: (xs,), {})
+        for k in (
+            torch._foreach_neg,
+            torch._foreach_abs,
+            torch._foreach_exp,
+            torch._foreach_log,
+            torch._foreach_sqrt,
+            torch._foreach_sigmoid,
+            torch._foreach_tanh,
+            torch._foreach_sign,
+        )
+    ],
 ]
 _IN_PLACE_CALLS = [
     (torch._foreach_add_, lambda xs, ys: (xs, ys), {}),
@@ -133,7 +145,9 @@ _IN_PLACE_CALLS = [
 def _lists():
     g = torch.Generator().manual_seed(0)
     return [torch.rand(3, 2, generator=g) + 0.5, torch.rand(4, generator=g) + 0.5], [
-        torch.rand(3, 2, generator=g) + 0.5, torch.rand(4, generator=g) + 0.5]
+        torch.rand(3, 2, generator=g) + 0.5,
+        torch.rand(4, generator=g) + 0.5,
+    ]
 
 
 def test_foreach_kernels_have_per_leaf_ops_of_the_same_name():

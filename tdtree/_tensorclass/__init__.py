@@ -14,6 +14,15 @@ from ._ops import RecordOps, cat, stack
 from ._record import load_memmap
 
 __all__ = [
-    "TensorClass", "TensorClassMeta", "tensorclass", "from_layout", "_unpickle", "Layout", "layout", "RecordOps",
-    "cat", "stack", "load_memmap",
+    "TensorClass",
+    "TensorClassMeta",
+    "tensorclass",
+    "from_layout",
+    "_unpickle",
+    "Layout",
+    "layout",
+    "RecordOps",
+    "cat",
+    "stack",
+    "load_memmap",
 ]

@@ -47,6 +47,7 @@ STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
 _DATA = (torch.Tensor, Node)
 _Tensor = torch.Tensor  # a module global: ``torch.Tensor`` is an attribute read off the torch module on every use
 
+
 def _field(*, default: Any = None, kw_only: bool = False) -> Any:
     """The field specifier the type checker reads for ``batch_size`` and ``device``; never called."""
     raise NotImplementedError

@@ -96,7 +96,6 @@ class RecordOps(Holder):
         static fields are not in it."""
         return self._td
 
-
     def __bool__(self) -> bool:
         raise RuntimeError(
             f"the truth value of a {type(self).__name__} is ambiguous: use .all() or .any() on an instance of bools"
@@ -446,7 +445,6 @@ class RecordAt(Generic[R]):
 
     def __getitem__(self, index: Any) -> RecordAtIndex[R]:
         return RecordAtIndex(self._obj, index)
-
 
 
 def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int) -> Any:

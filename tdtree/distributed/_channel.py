@@ -37,8 +37,8 @@ import optree
 import torch
 
 from .._base import Node
-from ..errors import StructureMismatchError
 from .._pytree import NAMESPACE
+from ..errors import StructureMismatchError
 from ._layout import Layout, differences, layout_of, rows, unpack
 from ._p2p import Transfer, incoming, mode_of, outgoing, resolve, wire
 from ._protocol import (
@@ -76,7 +76,9 @@ class _Box:
         self.data = self.msg[HEADER_BYTES : HEADER_BYTES + layout.nbytes]
         fits = layout.nbytes <= nbytes
         self.rows = rows(layout, self.data) if fits else None  # one stack fills it, when the leaves allow
-        self.views: list[torch.Tensor] = optree.tree_leaves(unpack(layout, self.data), namespace=NAMESPACE) if fits else []
+        self.views: list[torch.Tensor] = (
+            optree.tree_leaves(unpack(layout, self.data), namespace=NAMESPACE) if fits else []
+        )
 
     def fill(self, leaves: list[torch.Tensor]) -> None:
         """Copy ``leaves`` into the node's bytes (what :func:`._layout.pack` does, on the cached views)."""
@@ -141,7 +143,9 @@ class Channel:
         ValueError: ``peer`` is this process, or not in the group.
     """
 
-    def __init__(self, like: Node, peer: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None) -> None:
+    def __init__(
+        self, like: Node, peer: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None
+    ) -> None:
         layout, leaves = layout_of(like)
         self._mode = mode_of(like, layout, leaves, consolidated)
         self._device = device_of(leaves)
@@ -171,7 +175,9 @@ class Channel:
         key = (id(self._pg), self._rank, self._tag)
         mine = _OPENED.get(key, 0) + 1
         # a header-sized message, like every other on this tag
-        out = torch.tensor([CHANNEL_MAGIC, layout.fingerprint, int(self._mode), mine, 0], dtype=torch.int64, device=self._device)
+        out = torch.tensor(
+            [CHANNEL_MAGIC, layout.fingerprint, int(self._mode), mine, 0], dtype=torch.int64, device=self._device
+        )
         theirs = torch.empty_like(out)
         for w in [self._pg.send([out], self._rank, tag), self._pg.recv([theirs], self._rank, tag)]:
             w.wait()
@@ -294,19 +300,34 @@ class Channel:
             # a plain send on this tag waits for a receiver's header: answer with the channel's, so
             # that both sides settle (the sender's data drained) and raise the same error
             self._pg.send([self._agreed[0].view(torch.uint8)], self._rank, self._first + 1).wait()
-            check_peer("channel", self._agreed[1], theirs, self._layout, self._device, self._peer, self._group,
-                       tags("recv", self._tag), [])
+            check_peer(
+                "channel",
+                self._agreed[1],
+                theirs,
+                self._layout,
+                self._device,
+                self._peer,
+                self._group,
+                tags("recv", self._tag),
+                [],
+            )
         if theirs[0] != CHANNEL_MAGIC:
             raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree channel's: {theirs}"])
         if theirs[3] != self._id:
-            raise StructureMismatchError(op, [
-                f"{them} sent a message of another channel on this tag (its channel {theirs[3]}, this one is "
-                f"{self._id}): each end of a channel must be received by the other end of the same channel"
-            ])
+            raise StructureMismatchError(
+                op,
+                [
+                    f"{them} sent a message of another channel on this tag (its channel {theirs[3]}, this one is "
+                    f"{self._id}): each end of a channel must be received by the other end of the same channel"
+                ],
+            )
         if theirs[:4] != self._words:
             raise StructureMismatchError(op, [f"{them} sent a header that does not match this channel's: {theirs}"])
         expected, self._received = self._received, theirs[4] + 1  # later messages are in order again
-        raise StructureMismatchError(op, [
-            f"{them} sent message {theirs[4]} of this channel where {expected} was next: the ones between went "
-            "to another receive on this tag (a plain recv?); this one is dropped"
-        ])
+        raise StructureMismatchError(
+            op,
+            [
+                f"{them} sent message {theirs[4]} of this channel where {expected} was next: the ones between went "
+                "to another receive on this tag (a plain recv?); this one is dropped"
+            ],
+        )

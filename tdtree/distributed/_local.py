@@ -29,7 +29,9 @@ def _child(
 ) -> None:
     try:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=op_timeout))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=op_timeout))
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=timedelta(seconds=op_timeout)
+        )
         try:
             result = fn(rank, world, *args)
         finally:

@@ -66,7 +66,10 @@ class Transfer:
         # a receiver's first message is its header alone; a sender's may carry a small node
         self._first = message(0 if tags[0] % 3 == 0 else EARLY_BYTES, self._mine.device)
         self._pg, self._rank = resolve(peer, group)
-        self._works: list[Any] = [self._pg.send([first], self._rank, tags[0]), self._pg.recv([self._first], self._rank, tags[1])]
+        self._works: list[Any] = [
+            self._pg.send([first], self._rank, tags[0]),
+            self._pg.recv([self._first], self._rank, tags[1]),
+        ]
         self._sent: list[Any] = [self._pg.send([wire(x)], self._rank, tags[2]) for x in data]
         self._post = post
         self._done = False
@@ -92,7 +95,15 @@ class Transfer:
             w.wait()
         theirs = self._first[:HEADER_BYTES].view(torch.int64).tolist()
         check_peer(
-            self._op, self._values, theirs, self._layout, self._mine.device, self._peer, self._group, self._tags, self._sent
+            self._op,
+            self._values,
+            theirs,
+            self._layout,
+            self._mine.device,
+            self._peer,
+            self._group,
+            self._tags,
+            self._sent,
         )
         works, finish = self._post() if self._post is not None else (self._sent, _nothing)
         for w in works:
@@ -140,7 +151,11 @@ def _nothing() -> None:
 def outgoing(layout: Layout, leaves: list[torch.Tensor], mode: bool, device: torch.device) -> list[torch.Tensor]:
     """The data messages of a node whose bytes do not travel in its first message."""
     if mode:
-        return [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))] if layout.nbytes else []
+        return (
+            [pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))]
+            if layout.nbytes
+            else []
+        )
     return [x.contiguous() for x in leaves if x.numel()]
 
 
@@ -172,7 +187,9 @@ def incoming(
         places = devices if devices is not None else [x.device for x in leaves]
         targets = [torch.empty(s, dtype=d, device=p) for s, d, p in zip(layout.shapes, layout.dtypes, places)]
     else:
-        targets = [x if x.is_contiguous() else torch.empty_like(x, memory_format=torch.contiguous_format) for x in leaves]
+        targets = [
+            x if x.is_contiguous() else torch.empty_like(x, memory_format=torch.contiguous_format) for x in leaves
+        ]
     works = [post(t) for t in targets if t.numel()]
 
     def finish() -> Any:

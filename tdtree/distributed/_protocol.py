@@ -66,7 +66,14 @@ CHANNEL_MAGIC = 0x7464747265650002  # starts every message a Channel sends once 
 HEADER_BYTES = 5 * 8
 EARLY_BYTES = 64 * 1024
 OPS = {
-    "send": 1, "recv": 2, "recv_": 2, "broadcast": 3, "all_reduce": 4, "all_gather": 5, "reduce_scatter": 6, "channel": 7,
+    "send": 1,
+    "recv": 2,
+    "recv_": 2,
+    "broadcast": 3,
+    "all_reduce": 4,
+    "all_gather": 5,
+    "reduce_scatter": 6,
+    "channel": 7,
 }
 _OP_NAMES = {1: "send", 2: "recv", 3: "broadcast", 4: "all_reduce", 5: "all_gather", 6: "reduce_scatter", 7: "Channel"}
 _PARTNERS = {1: 2, 2: 1}  # the op a point-to-point peer must have called; any other op pairs with itself
@@ -226,7 +233,10 @@ def check_peer(
 
 
 def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tags: tuple[int, int, int]) -> None:
-    works: list[Any] = [dist.isend(out, peer, group=group, tag=tags[0]), dist.irecv(into, peer, group=group, tag=tags[1])]
+    works: list[Any] = [
+        dist.isend(out, peer, group=group, tag=tags[0]),
+        dist.irecv(into, peer, group=group, tag=tags[1]),
+    ]
     for w in works:
         w.wait()
 

@@ -13,10 +13,11 @@ from typing import Any
 
 from torch import nn
 
+from .._base import Node
+
 # the functions, not the module: compiled code reaching _keyops both as this module's global and
 # as the globals of the functions it inlines pays a Python guard on every call
 from .._keyops import exclude_paths, get, set_path
-from .._base import Node
 from .._keys import NestedKey, as_path, display, is_key
 from ..errors import KeyNotFoundError, OutKeysError
 

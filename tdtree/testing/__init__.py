@@ -25,16 +25,38 @@ from ._values import DEFAULT_DTYPES as DEFAULT_DTYPES
 from ._values import available_devices as available_devices
 
 __all__ = [
-    "assert_close", "assert_equal", "ALL_DTYPES", "DEFAULT_DTYPES", "available_devices",
-    "batch_sizes", "nested_keys", "tensordicts", "same_structure", "tensorclasses", "TAG_SETS",
-    "register_strategies", "check_pure", "check_tags", "check_compiles", "check_vmap", "check_grad",
+    "assert_close",
+    "assert_equal",
+    "ALL_DTYPES",
+    "DEFAULT_DTYPES",
+    "available_devices",
+    "batch_sizes",
+    "nested_keys",
+    "tensordicts",
+    "same_structure",
+    "tensorclasses",
+    "TAG_SETS",
+    "register_strategies",
+    "check_pure",
+    "check_tags",
+    "check_compiles",
+    "check_vmap",
+    "check_grad",
 ]
 
 _LAZY = {
-    "batch_sizes": "_strategies", "nested_keys": "_strategies", "tensordicts": "_strategies",
-    "same_structure": "_strategies", "tensorclasses": "_tcstrategies", "TAG_SETS": "_tagging",
-    "register_strategies": "_register", "check_pure": "laws", "check_tags": "laws",
-    "check_compiles": "laws", "check_vmap": "laws", "check_grad": "laws",
+    "batch_sizes": "_strategies",
+    "nested_keys": "_strategies",
+    "tensordicts": "_strategies",
+    "same_structure": "_strategies",
+    "tensorclasses": "_tcstrategies",
+    "TAG_SETS": "_tagging",
+    "register_strategies": "_register",
+    "check_pure": "laws",
+    "check_tags": "laws",
+    "check_compiles": "laws",
+    "check_vmap": "laws",
+    "check_grad": "laws",
 }
 
 

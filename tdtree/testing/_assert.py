@@ -60,8 +60,16 @@ def _keys(keys: list[str]) -> str:
 class _Options:
     __slots__ = ("rtol", "atol", "equal_nan", "tags", "batch_size", "device", "dtype")
 
-    def __init__(self, rtol: float | None, atol: float | None, equal_nan: bool, tags: bool, batch_size: bool,
-                 device: bool, dtype: bool) -> None:
+    def __init__(
+        self,
+        rtol: float | None,
+        atol: float | None,
+        equal_nan: bool,
+        tags: bool,
+        batch_size: bool,
+        device: bool,
+        dtype: bool,
+    ) -> None:
         self.rtol, self.atol, self.equal_nan = rtol, atol, equal_nan
         self.tags, self.batch_size, self.device, self.dtype = tags, batch_size, device, dtype
 
@@ -188,7 +196,9 @@ def assert_equal(
         Traceback (most recent call last):
         AssertionError: at key ('x', 'y'): values differ (exact, equal_nan=True): 1 of 2 elements (50.0%); first at index (1,): 0.0 vs 1.0; shape (2,), torch.float32 vs torch.float32
     """
-    _compare(actual, expected, (), _Options(0.0, 0.0, equal_nan, check_tags, check_batch_size, check_device, check_dtype))
+    _compare(
+        actual, expected, (), _Options(0.0, 0.0, equal_nan, check_tags, check_batch_size, check_device, check_dtype)
+    )
 
 
 def assert_close(
@@ -211,4 +221,6 @@ def assert_close(
     """
     if (rtol is None) != (atol is None):
         raise ValueError("assert_close: give both rtol and atol, or neither (the dtype's defaults)")
-    _compare(actual, expected, (), _Options(rtol, atol, equal_nan, check_tags, check_batch_size, check_device, check_dtype))
+    _compare(
+        actual, expected, (), _Options(rtol, atol, equal_nan, check_tags, check_batch_size, check_device, check_dtype)
+    )

@@ -74,8 +74,13 @@ def law_error(law: str, fn: Callable[..., Any], args: tuple[Any, ...], what: str
     return LawError(f"{law}({_name(fn)}): {what}\ndrawn example:\n{drawn or example_text(args)}")
 
 
-def run_law(law: str, fn: Callable[..., Any], strategy: st.SearchStrategy[Any],
-            check: Callable[[Any, tuple[Any, ...]], None], settings: Settings) -> None:
+def run_law(
+    law: str,
+    fn: Callable[..., Any],
+    strategy: st.SearchStrategy[Any],
+    check: Callable[[Any, tuple[Any, ...]], None],
+    settings: Settings,
+) -> None:
     """Run ``check(data, args)`` as a hypothesis test over ``strategy`` (a tuple draw is the arguments)."""
 
     def test(drawn: Any, data: Any) -> None:
@@ -134,7 +139,9 @@ def assert_pure(fn: Callable[..., Any], *args: Any) -> Any:
             index = tuple(int(d) for d in torch.unravel_index(torch.tensor(i), leaf.shape)) if leaf.ndim else ()
             was = bits[i].view(leaf.dtype).item()
             now_value = leaf.detach().cpu()[index].item()
-            raise failed(f"fn changed its input at {where} without a recorded write: first at index {index}: {was!r} -> {now_value!r}")
+            raise failed(
+                f"fn changed its input at {where} without a recorded write: first at index {index}: {was!r} -> {now_value!r}"
+            )
     return out
 
 
@@ -224,19 +231,33 @@ def assert_tags(fn: Callable[..., Any], *args: Any, rule: bool = True) -> Any:
     for path, result in _results(out):
         where = f"result {key_text(path)}" if path else "the result"
         if rule:
-            new = [p for p, x in _inner(result).items(include_nested=True, leaves_only=True)
-                   if _storage(x) is not None and _storage(x) not in known]
+            new = [
+                p
+                for p, x in _inner(result).items(include_nested=True, leaves_only=True)
+                if _storage(x) is not None and _storage(x) not in known
+            ]
             expected = frozenset() if new else common
             if result.tags != expected:
-                why = f"the leaf at {key_text(new[0] if isinstance(new[0], tuple) else (new[0],))} is new storage" if new else "every leaf uses an input's storage"
-                raise law_error("check_tags", fn, args, f"{where} carries {_tag_names(result.tags)}; the rule gives {_tag_names(expected)} ({why})")
+                why = (
+                    f"the leaf at {key_text(new[0] if isinstance(new[0], tuple) else (new[0],))} is new storage"
+                    if new
+                    else "every leaf uses an input's storage"
+                )
+                raise law_error(
+                    "check_tags",
+                    fn,
+                    args,
+                    f"{where} carries {_tag_names(result.tags)}; the rule gives {_tag_names(expected)} ({why})",
+                )
         false = _claims(result)
         if false is not None:
             raise law_error("check_tags", fn, args, f"{where}: {false}")
     return out
 
 
-def check_tags(fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, rule: bool = True, settings: Settings = None) -> None:
+def check_tags(
+    fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, rule: bool = True, settings: Settings = None
+) -> None:
     """Over ``strategy``'s draws (tagged ones: ``tensordicts(tags=True)``), every claim of ``fn``'s results'
     tags is true and, with ``rule``, the tags follow the storage rule (see :func:`assert_tags`)."""
     run_law("check_tags", fn, strategy, lambda data, args: assert_tags(fn, *args, rule=rule), settings)

@@ -17,7 +17,9 @@ __all__ = ["batch_sizes", "nested_keys", "tensordicts", "same_structure", "NAMES
 NAMES = st.text(alphabet="abcdefgh", min_size=1, max_size=3)
 
 
-def batch_sizes(min_dims: int = 0, max_dims: int = 3, min_side: int = 0, max_side: int = 4) -> st.SearchStrategy[torch.Size]:
+def batch_sizes(
+    min_dims: int = 0, max_dims: int = 3, min_side: int = 0, max_side: int = 4
+) -> st.SearchStrategy[torch.Size]:
     """Batch sizes of ``min_dims`` to ``max_dims`` dims, each of ``min_side`` to ``max_side``."""
     return st.lists(st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims).map(torch.Size)
 
@@ -30,10 +32,24 @@ def nested_keys(max_depth: int = 3, names: st.SearchStrategy[str] = NAMES) -> st
 class _Options:
     """What ``tensordicts`` was asked for, checked once."""
 
-    def __init__(self, *, pinned: dict[str, Any] | None, max_depth: int, max_keys: int, min_keys: int,
-                 dtypes: tuple[torch.dtype, ...], elements: str, names: st.SearchStrategy[str], extra_batch_dims: bool,
-                 noncontiguous: bool, aliasing: bool, tags: bool | Collection[Any],
-                 devices: Sequence[torch.device | str] | None, empty_nodes: bool, zero_size: bool) -> None:
+    def __init__(
+        self,
+        *,
+        pinned: dict[str, Any] | None,
+        max_depth: int,
+        max_keys: int,
+        min_keys: int,
+        dtypes: tuple[torch.dtype, ...],
+        elements: str,
+        names: st.SearchStrategy[str],
+        extra_batch_dims: bool,
+        noncontiguous: bool,
+        aliasing: bool,
+        tags: bool | Collection[Any],
+        devices: Sequence[torch.device | str] | None,
+        empty_nodes: bool,
+        zero_size: bool,
+    ) -> None:
         if elements not in ELEMENTS:
             raise ValueError(f"elements={elements!r}: choose one of {ELEMENTS}")
         if not dtypes:
@@ -76,7 +92,9 @@ def _pinned(keys: Collection[NestedKey] | Mapping[NestedKey, Sequence[int] | Non
     return tree
 
 
-def _spec(draw: st.DrawFn, opt: _Options, batch: torch.Size, depth: int, pinned: dict[str, Any] | None, root: bool) -> dict:
+def _spec(
+    draw: st.DrawFn, opt: _Options, batch: torch.Size, depth: int, pinned: dict[str, Any] | None, root: bool
+) -> dict:
     """The drawn structure: key -> ("leaf", shape, dtype) or ("node", batch, spec)."""
     if pinned is not None:
         plan = {k: (not isinstance(sub, _Leaf), sub) for k, sub in pinned.items()}
@@ -115,7 +133,9 @@ def _bent(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return flat.view(tuple(reversed(shape))).permute(tuple(reversed(range(len(shape)))))
 
 
-def _materialize(draw: st.DrawFn, opt: _Options, leaves: list, device: torch.device) -> dict[tuple[str, ...], torch.Tensor]:
+def _materialize(
+    draw: st.DrawFn, opt: _Options, leaves: list, device: torch.device
+) -> dict[tuple[str, ...], torch.Tensor]:
     """A tensor per leaf path; under ``aliasing``, leaves of one dtype may view one storage."""
     made: dict[tuple[str, ...], torch.Tensor] = {}
     groups: dict[torch.dtype, list] = {}
@@ -212,9 +232,19 @@ def tensordicts(
         (values come from a drawn seed).
     """
     opt = _Options(
-        pinned=None if keys is None else _pinned(keys), max_depth=max_depth, max_keys=max_keys, min_keys=min_keys,
-        dtypes=tuple(dtypes), elements=elements, names=names, extra_batch_dims=extra_batch_dims,
-        noncontiguous=noncontiguous, aliasing=aliasing, tags=tags, devices=devices, empty_nodes=empty_nodes,
+        pinned=None if keys is None else _pinned(keys),
+        max_depth=max_depth,
+        max_keys=max_keys,
+        min_keys=min_keys,
+        dtypes=tuple(dtypes),
+        elements=elements,
+        names=names,
+        extra_batch_dims=extra_batch_dims,
+        noncontiguous=noncontiguous,
+        aliasing=aliasing,
+        tags=tags,
+        devices=devices,
+        empty_nodes=empty_nodes,
         zero_size=zero_size,
     )
     if batch_size is None:

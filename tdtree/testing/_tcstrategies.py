@@ -45,8 +45,9 @@ def _hints(cls: type) -> dict[str, Any]:
 class _Draw:
     """The options of one ``tensorclasses`` call, and how each annotation is drawn."""
 
-    def __init__(self, cls: type, dtypes: tuple[torch.dtype, ...], elements: str, device: torch.device,
-                 min_side: int, depth: int) -> None:
+    def __init__(
+        self, cls: type, dtypes: tuple[torch.dtype, ...], elements: str, device: torch.device, min_side: int, depth: int
+    ) -> None:
         self.cls, self.dtypes, self.elements, self.device = cls, dtypes, elements, device
         self.min_side, self.depth = min_side, depth
 
@@ -72,16 +73,35 @@ class _Draw:
             if issubclass(hint, TensorClass):
                 if self.depth <= 0:
                     return st.nothing()  # a recursive class: only its other alternatives (None) remain
-                return _instances(hint, st.just(batch), self.dtypes, self.elements, (), (self.device,),
-                                  self.min_side, {}, self.depth - 1)
+                return _instances(
+                    hint,
+                    st.just(batch),
+                    self.dtypes,
+                    self.elements,
+                    (),
+                    (self.device,),
+                    self.min_side,
+                    {},
+                    self.depth - 1,
+                )
             if issubclass(hint, TensorDict):
-                return tensordicts(batch, max_depth=1, dtypes=self.dtypes, elements=self.elements,
-                                   devices=(self.device,), zero_size=self.min_side == 0)
+                return tensordicts(
+                    batch,
+                    max_depth=1,
+                    dtypes=self.dtypes,
+                    elements=self.elements,
+                    devices=(self.device,),
+                    zero_size=self.min_side == 0,
+                )
             if issubclass(hint, enum.Enum):
                 return st.sampled_from(hint)
             # static values live in the pytree metadata, where NaN would never equal itself
-            simple = {bool: st.booleans(), int: st.integers(-(2**31), 2**31 - 1), str: st.text(max_size=8),
-                      float: st.floats(allow_nan=False, allow_infinity=False)}
+            simple = {
+                bool: st.booleans(),
+                int: st.integers(-(2**31), 2**31 - 1),
+                str: st.text(max_size=8),
+                float: st.floats(allow_nan=False, allow_infinity=False),
+            }
             if hint in simple:
                 return simple[hint]
         raise TypeError(
@@ -90,9 +110,17 @@ class _Draw:
         )
 
 
-def _instances(cls: type, sizes: st.SearchStrategy[torch.Size], dtypes: tuple[torch.dtype, ...], elements: str,
-               sets: tuple[frozenset, ...], devices: Sequence[torch.device], min_side: int,
-               fields: Mapping[str, FieldStrategy], depth: int) -> st.SearchStrategy[Any]:
+def _instances(
+    cls: type,
+    sizes: st.SearchStrategy[torch.Size],
+    dtypes: tuple[torch.dtype, ...],
+    elements: str,
+    sets: tuple[frozenset, ...],
+    devices: Sequence[torch.device],
+    min_side: int,
+    fields: Mapping[str, FieldStrategy],
+    depth: int,
+) -> st.SearchStrategy[Any]:
     hints = {name: hint for name, hint in _hints(cls).items() if name not in fields}
 
     @st.composite
@@ -154,4 +182,6 @@ def tensorclasses(
     else:
         sizes = st.just(torch.Size(batch_size))
     chosen = tuple(torch.device(d) for d in (devices or ("cpu",)))
-    return _instances(cls, sizes, tuple(dtypes), elements, tag_sets(tags), chosen, min_side, dict(fields or {}), max_depth)
+    return _instances(
+        cls, sizes, tuple(dtypes), elements, tag_sets(tags), chosen, min_side, dict(fields or {}), max_depth
+    )

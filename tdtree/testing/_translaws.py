@@ -26,8 +26,17 @@ def _first_lines(err: BaseException, n: int = 6) -> str:
     return "\n".join(f"{type(err).__name__}: {err}".splitlines()[:n])
 
 
-def _close(law: str, fn: Callable[..., Any], args: tuple[Any, ...], got: Any, expected: Any, what: str,
-           rtol: float | None, atol: float | None, check_tags: bool = True) -> None:
+def _close(
+    law: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    got: Any,
+    expected: Any,
+    what: str,
+    rtol: float | None,
+    atol: float | None,
+    check_tags: bool = True,
+) -> None:
     try:
         assert_close(got, expected, rtol=rtol, atol=atol, check_tags=check_tags)
     except AssertionError as err:
@@ -37,8 +46,15 @@ def _close(law: str, fn: Callable[..., Any], args: tuple[Any, ...], got: Any, ex
 # -- compile ------------------------------------------------------------------------------------
 
 
-def assert_compiles(fn: Callable[..., Any], args: tuple[Any, ...], again: tuple[Any, ...], *, backend: str = "inductor",
-                    rtol: float | None = None, atol: float | None = None) -> None:
+def assert_compiles(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    again: tuple[Any, ...],
+    *,
+    backend: str = "inductor",
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
     """``torch.compile(fn, fullgraph=True)`` gives ``fn``'s eager result (tags included) on ``args``, then on
     ``again`` (arguments of the same structure: see :func:`same_structure`) without compiling again.
 
@@ -57,7 +73,9 @@ def assert_compiles(fn: Callable[..., Any], args: tuple[Any, ...], again: tuple[
     try:
         got = compiled(*args)
     except Exception as err:
-        raise law_error("check_compiles", fn, args, f"torch.compile(fullgraph=True) failed ({counts()}):\n{_first_lines(err)}") from None
+        raise law_error(
+            "check_compiles", fn, args, f"torch.compile(fullgraph=True) failed ({counts()}):\n{_first_lines(err)}"
+        ) from None
     _close("check_compiles", fn, args, got, expected, f"compiled and eager results differ ({counts()})", rtol, atol)
     expected = fn(*again)
     try:
@@ -65,7 +83,9 @@ def assert_compiles(fn: Callable[..., Any], args: tuple[Any, ...], again: tuple[
             got = compiled(*again)
     except Exception as err:
         raise law_error(
-            "check_compiles", fn, again,
+            "check_compiles",
+            fn,
+            again,
             f"recompiled for a second input of the same structure ({counts()}):\n{_first_lines(err)}",
         ) from None
     _close("check_compiles", fn, again, got, expected, f"compiled and eager results differ ({counts()})", rtol, atol)
@@ -73,8 +93,15 @@ def assert_compiles(fn: Callable[..., Any], args: tuple[Any, ...], again: tuple[
         raise law_error("check_compiles", fn, args, f"expected at most one compiled frame ({counts()})")
 
 
-def check_compiles(fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, backend: str = "inductor",
-                   rtol: float | None = None, atol: float | None = None, settings: Settings = None) -> None:
+def check_compiles(
+    fn: Callable[..., Any],
+    strategy: st.SearchStrategy[Any],
+    *,
+    backend: str = "inductor",
+    rtol: float | None = None,
+    atol: float | None = None,
+    settings: Settings = None,
+) -> None:
     """Over ``strategy``'s draws, ``fn`` compiles with ``fullgraph=True`` to its eager result and does not
     recompile for a second draw of the same structure (see :func:`assert_compiles`).
 
@@ -121,8 +148,13 @@ def _stack(outs: list[Any]) -> Any:
     raise TypeError(f"check_vmap: fn returned a {type(first).__name__}; return nodes, tensors, or containers of them")
 
 
-def assert_vmap(fn: Callable[..., Any], *args: Any, in_dims: int | None | tuple[int | None, ...] = 0,
-                rtol: float | None = None, atol: float | None = None) -> Any:
+def assert_vmap(
+    fn: Callable[..., Any],
+    *args: Any,
+    in_dims: int | None | tuple[int | None, ...] = 0,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Any:
     """``tdtree.vmap(fn, in_dims)(*args)``, after checking it equals ``fn`` applied to each slice
     (``unbind`` along each argument's mapped dim) with the results stacked along dim 0.
 
@@ -144,15 +176,37 @@ def assert_vmap(fn: Callable[..., Any], *args: Any, in_dims: int | None | tuple[
     got = vmap(fn, in_dims=in_dims)(*args)
     sliced = [a.unbind(d) if _mapped_size(a, d) is not None else None for a, d in zip(args, dims)]
     outs = [fn(*(s[i] if s is not None else a for a, s in zip(args, sliced))) for i in range(size)]
-    _close("check_vmap", fn, args, got, _stack(outs), "tdtree.vmap(fn) differs from stacking fn over the slices",
-           rtol, atol, check_tags=False)
+    _close(
+        "check_vmap",
+        fn,
+        args,
+        got,
+        _stack(outs),
+        "tdtree.vmap(fn) differs from stacking fn over the slices",
+        rtol,
+        atol,
+        check_tags=False,
+    )
     return got
 
 
-def check_vmap(fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, in_dims: int | None | tuple[int | None, ...] = 0,
-               rtol: float | None = None, atol: float | None = None, settings: Settings = None) -> None:
+def check_vmap(
+    fn: Callable[..., Any],
+    strategy: st.SearchStrategy[Any],
+    *,
+    in_dims: int | None | tuple[int | None, ...] = 0,
+    rtol: float | None = None,
+    atol: float | None = None,
+    settings: Settings = None,
+) -> None:
     """Over ``strategy``'s draws, ``tdtree.vmap(fn)`` equals ``fn`` stacked over the slices (see :func:`assert_vmap`)."""
-    run_law("check_vmap", fn, strategy, lambda data, args: assert_vmap(fn, *args, in_dims=in_dims, rtol=rtol, atol=atol), settings)
+    run_law(
+        "check_vmap",
+        fn,
+        strategy,
+        lambda data, args: assert_vmap(fn, *args, in_dims=in_dims, rtol=rtol, atol=atol),
+        settings,
+    )
 
 
 # -- grad ---------------------------------------------------------------------------------------
@@ -162,8 +216,9 @@ def _float_leaves(out: Any) -> list[torch.Tensor]:
     return [x for x in tree.leaves(out) if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())]
 
 
-def assert_grad(fn: Callable[..., Any], *args: Any, seed: int = 0, eps: float = 1e-6, rtol: float = 1e-4,
-                atol: float = 1e-6) -> Any:
+def assert_grad(
+    fn: Callable[..., Any], *args: Any, seed: int = 0, eps: float = 1e-6, rtol: float = 1e-4, atol: float = 1e-6
+) -> Any:
     """The gradient ``torch.func.grad`` takes through ``fn``, after checking it against central differences.
 
     ``fn``'s floating outputs are reduced to a scalar with fixed random weights
@@ -180,7 +235,9 @@ def assert_grad(fn: Callable[..., Any], *args: Any, seed: int = 0, eps: float = 
     where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.is_floating_point()]
     for i in where:
         if leaves[i].dtype != torch.float64:
-            raise ValueError(f"check_grad: finite differences need float64 inputs, got {leaves[i].dtype} (draw with dtypes=(torch.float64,))")
+            raise ValueError(
+                f"check_grad: finite differences need float64 inputs, got {leaves[i].dtype} (draw with dtypes=(torch.float64,))"
+            )
     weights = [values(tuple(o.shape), o.dtype, seed + 7 * j + 1) for j, o in enumerate(_float_leaves(fn(*args)))]
 
     def loss(floats: list[torch.Tensor]) -> torch.Tensor:
@@ -209,15 +266,24 @@ def assert_grad(fn: Callable[..., Any], *args: Any, seed: int = 0, eps: float = 
         got = float((g * u).sum())
         if not abs(got - fd) <= atol + rtol * abs(fd) + noise:
             raise law_error(
-                "check_grad", fn, args,
+                "check_grad",
+                fn,
+                args,
                 f"d/d{key_text(names[i])} along a random direction: torch.func.grad gives {got!r}, "
                 f"central differences (eps={eps:g}) give {fd!r}",
             )
     return grads
 
 
-def check_grad(fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, eps: float = 1e-6, rtol: float = 1e-4,
-               atol: float = 1e-6, settings: Settings = None) -> None:
+def check_grad(
+    fn: Callable[..., Any],
+    strategy: st.SearchStrategy[Any],
+    *,
+    eps: float = 1e-6,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+    settings: Settings = None,
+) -> None:
     """Over ``strategy``'s (float64) draws, ``torch.func.grad`` through ``fn`` matches finite differences
     (see :func:`assert_grad`); the weights and directions come from a drawn seed."""
 

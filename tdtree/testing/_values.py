@@ -15,8 +15,15 @@ __all__ = ["DEFAULT_DTYPES", "ALL_DTYPES", "SPECIAL_RATES", "ELEMENTS", "values"
 
 DEFAULT_DTYPES = (torch.float32, torch.int64, torch.bool)
 ALL_DTYPES = (
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-    torch.int8, torch.uint8, torch.int64, torch.bool,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.int8,
+    torch.uint8,
+    torch.int64,
+    torch.bool,
 )
 ELEMENTS = ("normal", "special")
 # the share of a leaf's elements replaced by special values under elements="special" (drawn per leaf)

@@ -21,6 +21,15 @@ from ._translaws import check_grad as check_grad
 from ._translaws import check_vmap as check_vmap
 
 __all__ = [
-    "LawError", "assert_pure", "assert_tags", "assert_compiles", "assert_grad", "assert_vmap",
-    "check_pure", "check_tags", "check_compiles", "check_grad", "check_vmap",
+    "LawError",
+    "assert_pure",
+    "assert_tags",
+    "assert_compiles",
+    "assert_grad",
+    "assert_vmap",
+    "check_pure",
+    "check_tags",
+    "check_compiles",
+    "check_grad",
+    "check_vmap",
 ]
