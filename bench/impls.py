@@ -122,6 +122,26 @@ class Impl:
         """``set(key, value)`` then ``select(*keys, strict=False)`` on the result."""
         return lambda: td.set(key, value).select(*keys, strict=False)
 
+    def select(self, td: Any, *keys: Any) -> Thunk:
+        """A node with only ``keys`` (nested keys keep their path), ``td`` unchanged."""
+        return functools.partial(td.select, *keys)
+
+    def exclude(self, td: Any, *keys: Any) -> Thunk:
+        """A node without ``keys``, ``td`` unchanged."""
+        return functools.partial(td.exclude, *keys)
+
+    def flatten_keys(self, td: Any) -> Thunk:
+        """A flat node, nested keys joined by "."."""
+        return td.flatten_keys
+
+    def unflatten_keys(self, td: Any) -> Thunk:
+        """The nested node of a flat one with "."-joined keys."""
+        return td.unflatten_keys
+
+    def rename(self, td: Any, old: Any, new: Any) -> Thunk:
+        """A node with the entry at ``old`` moved to ``new``, ``td`` unchanged."""
+        return functools.partial(td.rename, {old: new})
+
     def scatter(self, td: Any, index: Any, value: Any) -> Thunk:
         """A node equal to ``td`` with ``value`` written at ``index``, ``td`` unchanged."""
         return lambda: td.at[index].set(value)
@@ -209,6 +229,9 @@ class TensordictImpl(Impl):
     def set_select(self, td: Any, key: Any, value: torch.Tensor, *keys: Any) -> Thunk:
         return lambda: td.clone(False).set(key, value).select(*keys, strict=False)
 
+    def rename(self, td: Any, old: Any, new: Any) -> Thunk:
+        return lambda: td.clone(False).rename_key_(old, new)
+
     def scatter(self, td: Any, index: Any, value: Any) -> Thunk:
         def run() -> Any:
             out = td.clone()
@@ -236,6 +259,74 @@ def _get_path(tree: dict[str, Any], key: Any) -> Any:
     for part in key:
         tree = tree[part]
     return tree
+
+
+def _has_path(tree: dict[str, Any], key: Any) -> bool:
+    for part in (key,) if type(key) is str else key:
+        if type(tree) is not dict or part not in tree:
+            return False
+        tree = tree[part]
+    return True
+
+
+def _set_path(tree: dict[str, Any], key: Any, value: Any) -> dict[str, Any]:
+    """``tree`` with ``value`` at ``key``: the dicts along the path are copied, the rest shared."""
+    if type(key) is str:
+        return {**tree, key: value}
+    head, rest = key[0], key[1:]
+    if not rest:
+        return {**tree, head: value}
+    return {**tree, head: _set_path(tree.get(head, {}), rest, value)}
+
+
+def _drop_path(tree: dict[str, Any], key: Any) -> dict[str, Any]:
+    """``tree`` without the entry at ``key`` (copied along the path), unchanged when it is missing."""
+    if type(key) is str:
+        key = (key,)
+    head, rest = key[0], key[1:]
+    if head not in tree:
+        return tree
+    if not rest:
+        return {k: v for k, v in tree.items() if k != head}
+    return {**tree, head: _drop_path(tree[head], rest)}
+
+
+def _merge(tree: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``tree`` updated from ``other``, nested dicts merged."""
+    out = dict(tree)
+    for key, value in other.items():
+        mine = out.get(key)
+        out[key] = _merge(mine, value) if type(value) is dict and type(mine) is dict else value
+    return out
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {} if out is None else out
+    for key, value in tree.items():
+        if type(value) is dict:
+            _flatten(value, f"{prefix}{key}.", out)
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        level = out
+        for part in parents:
+            level = level.setdefault(part, {})
+        level[last] = value
+    return out
+
+
+def _select(tree: dict[str, Any], keys: tuple[Any, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in keys:
+        path = (key,) if type(key) is str else key
+        out = _set_path(out, path, _get_path(tree, path))
+    return out
 
 
 def _scatter_leaf(index: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -309,10 +400,46 @@ class PytreeImpl(Impl):
         return functools.partial(optree.tree_map, torch.clone, td)
 
     def update(self, td: Any, other: Any) -> Thunk:
+        # the fastest plain-dict code for the data: ``|`` when no entry is nested, else a merge
+        if any(type(v) is dict for v in other.values()):
+            return functools.partial(_merge, td, other)
         return functools.partial(operator.or_, td, other)
 
     def scatter(self, td: Any, index: Any, value: Any) -> Thunk:
         return functools.partial(optree.tree_map, _scatter_leaf(index), td, value)
+
+    # Key operations on plain dicts: the dicts along a path are copied and the rest is shared, as a
+    # node's are; nothing is validated.
+    def set(self, td: Any, key: Any, value: torch.Tensor) -> Thunk:
+        return functools.partial(_set_path, td, key, value)
+
+    def set_select(self, td: Any, key: Any, value: torch.Tensor, *keys: Any) -> Thunk:
+        def run() -> Any:
+            out = _set_path(td, key, value)
+            return _select(out, tuple(k for k in keys if _has_path(out, k)))
+
+        return run
+
+    def select(self, td: Any, *keys: Any) -> Thunk:
+        return functools.partial(_select, td, keys)
+
+    def exclude(self, td: Any, *keys: Any) -> Thunk:
+        def run() -> Any:
+            out = td
+            for key in keys:
+                out = _drop_path(out, key)
+            return out
+
+        return run
+
+    def flatten_keys(self, td: Any) -> Thunk:
+        return functools.partial(_flatten, td)
+
+    def unflatten_keys(self, td: Any) -> Thunk:
+        return functools.partial(_unflatten, td)
+
+    def rename(self, td: Any, old: Any, new: Any) -> Thunk:
+        return lambda: _set_path(_drop_path(td, old), new, _get_path(td, old))
 
 
 def _permute(*dims: int) -> Callable[[torch.Tensor], torch.Tensor]:

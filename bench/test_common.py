@@ -27,6 +27,7 @@ def _nkeys(node: object) -> int:
 # -- set ---------------------------------------------------------------------------------
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_plain_set_nested(benchmark, impl: Impl) -> None:
     """Set a leaf 20 levels down on a new path ("20", "19", ..., "1").
@@ -41,9 +42,10 @@ def test_plain_set_nested(benchmark, impl: Impl) -> None:
         out = benchmark(td.set, DEEP_NEW_KEY, tensor)
     else:
         out = benchmark(impl.set(td, DEEP_NEW_KEY, tensor))
-    assert out.get(DEEP_NEW_KEY) is tensor
+    assert impl.get(out, DEEP_NEW_KEY)() is tensor
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_set(benchmark, impl: Impl) -> None:
     """A node with a new key "c"; tensordict: ``clone(False)`` then ``set``."""
@@ -53,20 +55,22 @@ def test_set(benchmark, impl: Impl) -> None:
     assert out["c"] is c and "c" not in td.keys()
 
 
+@pytest.mark.pytree
 def test_set_nested(benchmark, impl: Impl) -> None:
     """Replace the existing ("b", "b1"); tensordict: ``clone(False)`` then ``set``."""
     td = small_td(impl)
     b = torch.ones(3, 4, 5)
     out = benchmark(impl.set(td, ("b", "b1"), b))
-    assert out["b", "b1"] is b and td["b", "b1"] is not b
+    assert impl.get(out, ("b", "b1"))() is b and impl.get(td, ("b", "b1"))() is not b
 
 
+@pytest.mark.pytree
 def test_set_nested_new(benchmark, impl: Impl) -> None:
     """A node with the new nested key ("c", "c", "c"); tensordict: ``clone(False)`` then ``set``."""
     td = small_td(impl)
     c = torch.zeros(3, 4, 5)
     out = benchmark(impl.set(td, ("c", "c", "c"), c))
-    assert out["c", "c", "c"] is c
+    assert impl.get(out, ("c", "c", "c"))() is c
 
 
 # -- keys, values, items --------------------------------------------------------------------
@@ -225,14 +229,16 @@ def test_unlock_nested(benchmark, impl: Impl) -> None:
 # -- flatten, unflatten -------------------------------------------------------------------------------
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_flatten_speed(benchmark, impl: Impl) -> None:
-    assert _nkeys(benchmark(big_nested(impl).flatten_keys)) == 19
+    assert _nkeys(benchmark(impl.flatten_keys(big_nested(impl)))) == 19
 
 
+@pytest.mark.pytree
 def test_unflatten_speed(benchmark, impl: Impl) -> None:
-    flat = big_nested(impl).flatten_keys()
-    assert _nkeys(benchmark(flat.unflatten_keys)) == 1
+    flat = impl.flatten_keys(big_nested(impl))()
+    assert _nkeys(benchmark(impl.unflatten_keys(flat))) == 1
 
 
 # -- creation ------------------------------------------------------------------------------------
@@ -306,15 +312,17 @@ def test_update(benchmark, impl: Impl) -> None:
     assert out["a"] is td2["a"]
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_update_nested(benchmark, impl: Impl) -> None:
     """Update a nested node from a copy; tensordict: ``clone(False)`` then ``update``."""
     td = small_td(impl)
     td2 = impl.clone(td)()
     out = benchmark(impl.update(td, td2))
-    assert out["b", "b1"] is td2["b", "b1"]
+    assert impl.get(out, ("b", "b1"))() is impl.get(td2, ("b", "b1"))()
 
 
+@pytest.mark.pytree
 def test_select(benchmark, impl: Impl) -> None:
     """Set ("c", "c", "c") then select "a", "z" (missing) and it with ``strict=False``.
 
@@ -323,23 +331,35 @@ def test_select(benchmark, impl: Impl) -> None:
     td = small_td(impl)
     c = torch.zeros(3, 4, 5)
     out = benchmark(impl.set_select(td, ("c", "c", "c"), c, "a", "z", ("c", "c", "c")))
-    assert out["c", "c", "c"] is c and "b" not in out.keys()
+    assert impl.get(out, ("c", "c", "c"))() is c and "b" not in out.keys()
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_select_nested(benchmark, impl: Impl) -> None:
     """Select the deepest leaf of the 19-level node."""
     td = big_nested(impl)
-    out = benchmark(td.select, LAST_LEAF)
-    assert len(list(out.keys(True, True))) == 1
+    out = benchmark(impl.select(td, LAST_LEAF))
+    assert len(impl.keys(out, True, True)()) == 1
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_exclude_nested(benchmark, impl: Impl) -> None:
     """Exclude the deepest leaf of the 19-level node."""
     td = big_nested(impl)
-    out = benchmark(td.exclude, LAST_LEAF)
-    assert len(list(out.keys(True, True))) == 18
+    out = benchmark(impl.exclude(td, LAST_LEAF))
+    assert len(impl.keys(out, True, True)()) == 18
+
+
+@pytest.mark.pytree
+def test_rename_nested(benchmark, impl: Impl) -> None:
+    """Move the deepest leaf of the 19-level node to a new name beside it; tensordict: ``clone(False)``
+    then ``rename_key_``."""
+    td = big_nested(impl)
+    new = (*LAST_NODE, "u")
+    out = benchmark(impl.rename(td, LAST_LEAF, new))
+    assert impl.get(out, new)() is impl.get(td, LAST_LEAF)() and LAST_LEAF not in impl.keys(out, True, True)()
 
 
 @pytest.mark.parametrize("recurse", [True, False])
