@@ -124,7 +124,7 @@ _SYMBOLS.update(eq="==", ne="!=", lt="<", le="<=", gt=">", ge=">=")
 _BINARY_DOC = """``{expr}`` leaf by leaf (what ``{dunder}`` runs).
 
 Args:
-    node: the node.
+    node: the node (``self`` as a method).
     other: a number (applied to every leaf); a tensor aligned with the batch dims, of shape
         ``batch_size`` or one that broadcasts to it, acting per batch element on every leaf (a
         0-dim tensor acts as a number); or a node paired by key, whatever its tags.
@@ -198,8 +198,8 @@ def _unary(name: str, kernel: Callable[..., Any]) -> Callable[[NodeT], NodeT]:
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (
-        f"``torch.{name}`` of every leaf (``{name}(td)`` or ``td.{name}()``).\n\n"
-        "Args:\n    node: the node.\n\n"
+        f"``torch.{name}`` of every leaf (``td.{name}()``).\n\n"
+        "Args:\n    node: the node (``self`` as a method).\n\n"
         "Returns:\n    A new node with the same keys and batch sizes; tags dropped (new storage).\n"
     )
     return tag_rule(fn)
@@ -220,7 +220,7 @@ def clamp(node: NodeT, min: Any = None, max: Any = None) -> NodeT:  # noqa: A002
     """``torch.clamp(leaf, min, max)`` for every leaf.
 
     Args:
-        node: the node.
+        node: the node (``self`` as a method).
         min: the lower bound (a number or a tensor broadcasting to every leaf), or None for none.
         max: the upper bound, likewise.
 
@@ -322,7 +322,7 @@ class _Reduction(Protocol):
 _REDUCTION_DOC = """``torch.{name}`` of every leaf over batch dims ``dim`` (``td.{name}(dim)``).
 
 Args:
-    node: the node.
+    node: the node (``self`` as a method).
     dim: a batch dim or a sequence of them (negative counts from the end of the batch dims);
         None: all of the root's batch dims. Feature dims and a sub-node's extra batch dims stay.
     keepdim: keep the reduced batch dims with size 1.
@@ -365,7 +365,7 @@ def all(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = Fals
     """Whether every element is nonzero: over everything, or over batch dims ``dim`` (``td.all()``).
 
     Args:
-        node: the node.
+        node: the node (``self`` as a method).
         dim: None for one answer over every element of every leaf; else a batch dim or a
             sequence of them, reduced leaf by leaf as :func:`sum` does.
         keepdim: with ``dim``, keep the reduced batch dims with size 1.
@@ -394,7 +394,7 @@ def any(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = Fals
     """Whether some element is nonzero: over everything, or over batch dims ``dim`` (``td.any()``).
 
     Args:
-        node: the node.
+        node: the node (``self`` as a method).
         dim: None for one answer over every element of every leaf; else a batch dim or a
             sequence of them, reduced leaf by leaf as :func:`sum` does.
         keepdim: with ``dim``, keep the reduced batch dims with size 1.
