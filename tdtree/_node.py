@@ -409,9 +409,7 @@ class TensorDict(Node):
 
     # -- maps, arithmetic, reductions (_maps.py, _ops.py) --------------------------------
 
-    # Thin methods are the named functions themselves (docstrings there): a function in the class body is
-    # a method, and a wrapper would add a call frame to every operation.
-    apply = _maps.apply
+    apply = _maps.apply  # bound as get is, docstrings on the functions: a wrapper would add a call frame
     named_apply = _maps.named_apply
 
     # Comparisons return nodes, as torch's do; hashing stays by identity, as for tensors.
