@@ -43,12 +43,27 @@ def _moved(node: NodeT, device: torch.device, leaf_fn: Any) -> NodeT:
 def to(
     node: NodeT, *args: Any, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False
 ) -> NodeT:
-    """Every leaf through ``Tensor.to(device, dtype, non_blocking)``.
+    """Every leaf through ``Tensor.to(device, dtype, non_blocking)`` (``td.to("cuda")``, ``td.to(torch.float16)``).
 
-    Accepts ``to(device)``, ``to(dtype)``, ``to(device, dtype)`` and the same as
-    keywords; an int device means that CUDA device. With a device, the result's
-    ``device`` (and every sub-node's) is that device. Tags follow the rule:
-    kept when nothing moves or changes dtype (the leaves are reused), dropped otherwise.
+    Args:
+        node: the node (``self`` as a method).
+        *args: a device and/or a dtype, positionally (``to(device)``, ``to(dtype)``,
+            ``to(device, dtype)``); an int device means that CUDA device.
+        device: the device, as a keyword.
+        dtype: the dtype, as a keyword.
+        non_blocking: passed to ``Tensor.to``.
+
+    Returns:
+        A node whose ``device`` (and every sub-node's) is ``device`` when one is given. Tags follow
+        the rule: kept when nothing moves or changes dtype (the leaves are reused), dropped otherwise.
+
+    Raises:
+        TypeError: an argument is neither a device nor a dtype, or one is given twice.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(2)}, batch_size=[2]).lock()
+    >>> td.to("cpu").tags == td.tags, td.to(torch.float16).tags, td.to(torch.float16)["x"].dtype
+    (True, frozenset(), torch.float16)
     """
     dev, dt = _parse(args, device, dtype)
     if dev is None:
@@ -58,13 +73,31 @@ def to(
 
 @tag_rule
 def cpu(node: NodeT) -> NodeT:
-    """``to("cpu")``: tags kept when already there."""
+    """``to("cpu")``.
+
+    Args:
+        node: the node (``self`` as a method).
+
+    Returns:
+        A node on the CPU: the same leaves, tags kept, when already there; else copies, tags dropped.
+    """
     return to(node, torch.device("cpu"))
 
 
 @tag_rule
 def cuda(node: NodeT, device: int | torch.device | str | None = None, non_blocking: bool = False) -> NodeT:
-    """``to(device)`` for a CUDA ``device`` (None: ``"cuda"``, the current one); tags kept when already there."""
+    """``to(device)`` for a CUDA ``device``.
+
+    Args:
+        node: the node (``self`` as a method).
+        device: a CUDA device, or its index; None: ``"cuda"``, the current one.
+        non_blocking: passed to ``Tensor.to``.
+
+    Returns:
+        A node on that device: the same leaves, tags kept, when already there; else copies, tags dropped.
+
+    torch raises (RuntimeError, or AssertionError in a build without CUDA) when the device is not there.
+    """
     if device is None:
         device = torch.device("cuda")
     elif isinstance(device, int):
@@ -76,16 +109,27 @@ def cuda(node: NodeT, device: int | torch.device | str | None = None, non_blocki
 def pin_memory(node: NodeT) -> NodeT:
     """Every leaf in page-locked memory (``Tensor.pin_memory``); needs an accelerator.
 
-    Returns a new node on the same device; tags dropped (pinning copies),
-    except for leaves already pinned, which are reused.
+    Args:
+        node: the node (``self`` as a method).
+
+    Returns:
+        A new node on the same device; tags dropped (pinning copies), unless every leaf was
+        already pinned (pinned leaves are reused). torch raises RuntimeError without an accelerator.
     """
     return map_leaves(lambda x: x if x.is_pinned() else x.pin_memory(), node)
 
 
 @tag_rule
 def contiguous(node: NodeT) -> NodeT:
-    """Every leaf contiguous: contiguous leaves are reused, others copied. Tags follow the rule
-    (a node that is contiguous already keeps them)."""
+    """Every leaf contiguous: contiguous leaves are reused, others copied.
+
+    Args:
+        node: the node (``self`` as a method).
+
+    Returns:
+        A node with contiguous leaves. Tags follow the rule: kept when every leaf already was
+        contiguous (the same leaves), else dropped.
+    """
     return map_leaves(torch.Tensor.contiguous, node)
 
 

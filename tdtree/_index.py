@@ -481,15 +481,42 @@ class AtIndex(Generic[NodeT]):
         self._index = index
 
     def get(self) -> NodeT:
-        """``td[idx]``."""
+        """``td[idx]``: the node indexed over its batch dims (views keep tags; see ``TensorDict.__getitem__``)."""
         return getitem(self._node, self._index)
 
     def set(self, value: Any) -> NodeT:
-        """A new node with ``value`` at ``idx``; refused on Locked nodes; tags dropped."""
+        """A new node equal to ``td`` with ``value`` written at ``idx`` of the batch dims; ``td`` is untouched.
+
+        Args:
+            value: a node with ``td``'s keys and ``td[idx].batch_size``; or a tensor aligned with
+                the batch dims (broadcasting to ``td[idx].batch_size``) or a number, for every leaf.
+
+        Returns:
+            A new node (its leaves are new storage, so tags are dropped).
+
+        Raises:
+            LockedError: ``td`` (or a sub-node) is Locked.
+            WriteIndexError: ``idx`` does not fit the batch dims.
+            WriteShapeError: ``value``'s batch size or shape does not fit ``td[idx]``.
+            WriteTypeError: ``value`` is of another type, or a dtype that does not cast to a leaf's.
+            KeyMismatchError: ``value`` is a node with other keys.
+        """
         return scatter(self._node, self._index, value)
 
     def set_(self, value: Any) -> NodeT:
-        """Write ``value`` at ``idx`` in place; returns the node."""
+        """Write ``value`` at ``idx`` of the batch dims into ``td``'s leaves, in place; works on Locked nodes.
+
+        Args:
+            value: as in :meth:`set`; numbers must fit each leaf's dtype kind and range, as in ``update_``.
+
+        Returns:
+            ``td`` itself (same object, tags kept).
+
+        Raises:
+            WriteError: as :meth:`set` (its subclasses WriteIndexError, WriteShapeError,
+                WriteTypeError), or a leaf cannot be written; nothing was written.
+            KeyMismatchError: ``value`` is a node with other keys.
+        """
         return scatter_(self._node, self._index, value)
 
 
@@ -502,4 +529,5 @@ class At(Generic[NodeT]):
         self._node = node
 
     def __getitem__(self, index: Any) -> AtIndex[NodeT]:
+        """The scatter operations at ``index`` (any index ``td[index]`` takes over the batch dims)."""
         return AtIndex(self._node, index)

@@ -416,14 +416,20 @@ def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]
 
 
 def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
-    """Write the values of ``other`` into the leaves at their keys; returns ``node`` itself.
+    """Write the values of ``other`` into the leaves at their keys, in place; works on Locked nodes.
 
-    Every key of ``other`` must exist (nested mappings and nodes address
-    sub-nodes); values broadcast to the leaf's shape. Works on Locked nodes.
+    Args:
+        node: the node written (``self`` as a method).
+        other: a node or mapping whose keys all exist in ``node`` (nested mappings and nodes
+            address sub-nodes); each value is a tensor broadcasting to its leaf's shape or a number.
+
+    Returns:
+        ``node`` itself (same object, tags kept).
 
     Raises:
         KeyNotFoundError: a key of ``other`` is not in the node.
-        WriteError: a value's dtype, device or shape does not fit its leaf.
+        WriteError: a value's dtype, device or shape does not fit its leaf, a leaf cannot be
+            written, or a value would change the structure; nothing was written.
 
     Example:
         >>> import torch, tdtree as tt
@@ -470,14 +476,20 @@ def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], same: bool, ou
 
 
 def copy_(node: NodeT, other: Node) -> NodeT:
-    """Write every leaf of ``other`` into the leaf at the same key; returns ``node`` itself.
+    """Write every leaf of ``other`` into the leaf at the same key, in place; works on Locked nodes.
 
-    ``other`` must have the same keys (at every level) and leaves of the same
-    shapes, dtypes and devices. Works on Locked nodes.
+    Args:
+        node: the node written (``self`` as a method).
+        other: a node with the same keys (at every level) whose leaves have the same shapes and
+            devices and dtypes that cast to the leaves' (``torch.can_cast``).
+
+    Returns:
+        ``node`` itself (same object, tags kept).
 
     Raises:
+        TypeError: ``other`` is not a node.
         KeyMismatchError: the key sets differ (the message lists the differences).
-        WriteError: a leaf's shape, dtype or device differs.
+        WriteError: a leaf's shape, dtype or device differs, or a leaf cannot be written; nothing was written.
     """
     if not isinstance(other, Node):
         raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
@@ -488,7 +500,13 @@ def copy_(node: NodeT, other: Node) -> NodeT:
 
 
 def zero_(node: NodeT) -> NodeT:
-    """Set every leaf to zero in place; returns ``node`` itself. Works on Locked nodes.
+    """Set every leaf to zero in place; works on Locked nodes.
+
+    Args:
+        node: the node written (``self`` as a method).
+
+    Returns:
+        ``node`` itself (same object, tags kept).
 
     Raises:
         WriteError: a leaf cannot be written (see the module docstring); nothing was written.
@@ -508,14 +526,21 @@ def zero_(node: NodeT) -> NodeT:
 
 
 def fill_(node: NodeT, key: NestedKey, value: Any) -> NodeT:
-    """Fill the leaf at ``key`` (every leaf below it, for a sub-node) with ``value``; returns ``node``.
+    """Fill the leaf at ``key`` (every leaf below it, for a sub-node) with ``value``, in place.
 
-    ``value`` is a Python number or a 0-dim tensor of the leaf's dtype and
-    device. Works on Locked nodes.
+    Args:
+        node: the node written (``self`` as a method); Locked nodes are accepted.
+        key: a str or tuple of str naming a leaf or a sub-node.
+        value: a Python number or a 0-dim tensor that fits the leaves' dtype and device.
+
+    Returns:
+        ``node`` itself (same object, tags kept).
 
     Raises:
         KeyNotFoundError: ``key`` is not in the node.
-        WriteError: ``value`` does not fit a leaf's dtype or device, or is not 0-dim.
+        TypeError: ``key`` is not a str or tuple of str.
+        WriteError: ``value`` does not fit a leaf's dtype or device, is not 0-dim, or a leaf
+            cannot be written; nothing was written.
     """
     path = as_path(key)
     target = get(node, path)

@@ -150,8 +150,21 @@ def paired_leaves(what: str, node: Node, other: Node, skip: int | None = None) -
 
 @tag_rule
 def clone(node: NodeT, recurse: bool = True) -> NodeT:
-    """A copy: with ``recurse`` every leaf is cloned (tags dropped, new storage);
-    without it a new root node over the same leaves and sub-nodes (tags kept)."""
+    """A copy of the node.
+
+    Args:
+        node: the node (``self`` as a method).
+        recurse: clone every leaf (new storage); False: a new root node over the same leaves
+            and sub-nodes.
+
+    Returns:
+        The copy: with ``recurse``, tags dropped (new storage); without it, tags kept.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(2)}).lock()
+    >>> td.clone().tags, td.clone(recurse=False)["x"] is td["x"]
+    (frozenset(), True)
+    """
     if recurse:
         return map_leaves(torch.clone, node)
     # Nodes are immutable, so new sub-node objects could only differ by identity: sharing them makes the
@@ -204,12 +217,28 @@ def _finish(node: Node, spec: Node, out: list[Any], batch_size: Any) -> Any:
 def apply(node: NodeT, fn: Callable[..., torch.Tensor], *others: Node, batch_size: Any = None) -> NodeT:
     """A node with ``fn(leaf, *matching leaves of others)`` at every leaf.
 
-    ``others`` are nodes paired with ``node`` by key whatever their tags
-    (KeyMismatchError naming the keys otherwise). The result has ``node``'s
-    keys and batch sizes, or ``batch_size`` at the root when given (sub-nodes
-    keep their extra batch dims). ``fn``'s results are not checked: each must
-    start with the result's batch size. Tags follow the rule: kept when every
-    result leaf reuses an input's storage (``fn = lambda x: x[...]``), else dropped.
+    Args:
+        node: the node (``self`` as a method).
+        fn: called once per leaf with the leaf and the leaves at the same key in ``others``;
+            returns a tensor.
+        *others: nodes paired with ``node`` by key, whatever their tags.
+        batch_size: the root's batch size of the result (sub-nodes keep their extra batch
+            dims); None: ``node``'s.
+
+    Returns:
+        A node with ``node``'s keys and the results; ``fn``'s results are not checked, so each
+        must start with the result's batch size. Tags follow the rule: kept when every result
+        leaf reuses an input's storage (``fn = lambda x: x[...]``), else dropped.
+
+    Raises:
+        KeyMismatchError: a node of ``others`` holds other keys (the message lists them).
+        BatchSizeError: a node of ``others`` has other batch sizes.
+        TypeError, ValueError: ``batch_size`` is not a sequence of non-negative ints.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.ones(2, 3)}, batch_size=[2])
+    >>> td.apply(lambda x, y: x * y, td + 1)["x"].sum().item(), td.apply(lambda x: x[..., 0])["x"].shape
+    (12.0, torch.Size([2]))
     """
     spec, out = _results("apply", fn, node, others, False)
     return _finish(node, spec, out, batch_size)
@@ -219,8 +248,19 @@ def apply(node: NodeT, fn: Callable[..., torch.Tensor], *others: Node, batch_siz
 def named_apply(node: NodeT, fn: Callable[..., torch.Tensor], *others: Node, batch_size: Any = None) -> NodeT:
     """Like :func:`apply` with ``fn(key, leaf, *others' leaves)``.
 
-    ``key`` is spelled as in ``keys(include_nested=True)``: a str at the top
-    level, a tuple of str below it. Tags follow the rule.
+    Args:
+        node: the node (``self`` as a method).
+        fn: called once per leaf with its key, spelled as in ``keys(include_nested=True)`` (a
+            str at the top level, a tuple of str below it), the leaf and the matching leaves
+            of ``others``; returns a tensor.
+        *others: nodes paired with ``node`` by key, whatever their tags.
+        batch_size: the root's batch size of the result; None: ``node``'s.
+
+    Returns:
+        A node with ``node``'s keys and the results; tags follow the rule, as in :func:`apply`.
+
+    Raises:
+        KeyMismatchError, BatchSizeError, TypeError, ValueError: as :func:`apply`.
     """
     spec, out = _results("named_apply", fn, node, others, True)
     return _finish(node, spec, out, batch_size)

@@ -71,6 +71,7 @@ class TensorDict(Node):
     __module__ = "tdtree"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register a subclass that is a root type of its own (pytree, name table, tagged variants)."""
         super().__init_subclass__(**kwargs)
         if "_tags" not in cls.__dict__:  # a root type of its own (tagged_type registers the variants it makes)
             register(cls)
@@ -81,56 +82,108 @@ class TensorDict(Node):
         batch_size: int | Sequence[int] | torch.Size | None = None,
         device: torch.device | str | None = None,
     ) -> None:
+        """Validate the arguments and build the node (Args and Raises: see the class docstring)."""
         construct(self, source, batch_size, device)
 
     def __class_getitem__(cls, tags: Tag | tuple[Tag, ...]) -> type:
-        """``TensorDict[Shared]``, ``TensorDict[Locked, Shared]``: the cached tagged types."""
+        """``TensorDict[Shared]``, ``TensorDict[Locked, Shared]``: the cached tagged types (TypeError for a non-tag)."""
         return tagged_type(cls._root, tags if isinstance(tags, tuple) else (tags,))
 
     @classmethod
     def from_dict(
         cls, data: Mapping[Any, Any], batch_size: int | Sequence[int] | None = None, device: Any = None
     ) -> TensorDict:
-        """An untagged node from nested mappings; ``batch_size=None`` infers the longest common prefix per level."""
+        """A node from nested mappings, validated as the constructor does.
+
+        Args:
+            data: a mapping from keys (str or tuple of str) to tensors, nodes or mappings.
+            batch_size: the batch size; None infers, at each level, the longest common prefix of
+                the shapes of the leaves below it (a single leaf: its whole shape).
+            device: when given, every leaf is moved there.
+
+        Returns:
+            A new, untagged node (the leaves are ``data``'s tensors unless moved).
+
+        Raises:
+            TypeError: called on a tagged type, a key is not a str or tuple of str, a value is not
+                a tensor, node or mapping, or ``batch_size`` is not a sequence of ints.
+            ValueError: ``batch_size`` has a negative dim.
+            BatchSizeError: a leaf's shape does not start with the batch size.
+            KeyCollisionError: a key is given twice (``"a"`` and ``("a",)``), or below a tensor.
+        """
         if cls._tags:
             raise refuse_tagged(cls, f"{cls.__name__}.from_dict")
         return _keyops.from_dict(cls._root, data, batch_size, device)
 
     @classmethod
     def from_dataclass(cls, obj: Any, batch_size: int | Sequence[int] | None = None, device: Any = None) -> TensorDict:
-        """An untagged node with one entry per field of a dataclass instance; nested records nest; batch size as
-        from_dict."""
+        """A node with one entry per field of a dataclass instance; nested records nest.
+
+        Args:
+            obj: a dataclass instance whose fields are tensors, nodes, mappings, dataclass
+                instances or named tuples (the records become sub-nodes).
+            batch_size, device: as in :meth:`from_dict` (None infers the batch size).
+
+        Returns:
+            A new, untagged node holding the fields' tensors (not copied).
+
+        Raises:
+            TypeError: ``obj`` is not a dataclass instance, a field has another type (the
+                message names it), or called on a tagged type; and as :meth:`from_dict`.
+        """
         if cls._tags:
             raise refuse_tagged(cls, f"{cls.__name__}.from_dataclass")
         return _records.from_dataclass(cls._root, obj, batch_size, device)
 
     @classmethod
     def from_namedtuple(cls, obj: Any, batch_size: int | Sequence[int] | None = None, device: Any = None) -> TensorDict:
-        """An untagged node with one entry per field of a named tuple; nested records nest; batch size as
-        from_dict."""
+        """A node with one entry per field of a named tuple; as :meth:`from_dataclass`.
+
+        Args:
+            obj: a named tuple instance (fields as in :meth:`from_dataclass`).
+            batch_size, device: as in :meth:`from_dict`.
+
+        Returns:
+            A new, untagged node holding the fields' tensors (not copied).
+
+        Raises:
+            TypeError: ``obj`` is not a named tuple, a field has another type, or called on a
+                tagged type; and as :meth:`from_dict`.
+        """
         if cls._tags:
             raise refuse_tagged(cls, f"{cls.__name__}.from_namedtuple")
         return _records.from_namedtuple(cls._root, obj, batch_size, device)
 
     def to_namedtuple(self) -> Any:
-        """A named tuple of the same tensors, fields in key order, sub-nodes nested; drops batch size and tags."""
+        """A named tuple of the same tensors, fields in key order, sub-nodes as nested named tuples.
+
+        Returns:
+            The record (one type per key set); batch size, device and tags are not kept.
+
+        Raises:
+            ValueError: a key is not a valid field name (an identifier, not a keyword, no leading ``_``).
+        """
         return _records.to_namedtuple(self)
 
     # -- metadata -------------------------------------------------------------
 
     @property
     def batch_size(self) -> torch.Size:
+        """The leading dims every leaf shares (a ``torch.Size``)."""
         return self._meta[1]
 
     @property
     def shape(self) -> torch.Size:
+        """The batch size, as ``batch_size``."""
         return self._meta[1]
 
     @property
     def ndim(self) -> int:
+        """The number of batch dims."""
         return len(self._meta[1])
 
     def dim(self) -> int:
+        """The number of batch dims, as ``ndim``."""
         return len(self._meta[1])
 
     def numel(self) -> int:
@@ -139,42 +192,71 @@ class TensorDict(Node):
 
     @property
     def device(self) -> torch.device | None:
+        """The device every leaf is on, or None (leaves on several devices, or none)."""
         return self._meta[2]
 
     @property
     def tags(self) -> frozenset[Tag]:
+        """The node's tags (a frozenset of ``Locked``, ``Shared``, ``Memmap``): part of its type."""
         return self._meta[3]
 
     @property
     def is_locked(self) -> bool:
+        """Whether the node is tagged ``Locked``."""
         return Locked in self._meta[3]
 
     @property
     def is_shared(self) -> bool:
+        """Whether the node is tagged ``Shared``."""
         return Shared in self._meta[3]
 
     @property
     def is_memmap(self) -> bool:
+        """Whether the node is tagged ``Memmap``."""
         return Memmap in self._meta[3]
 
-    def __repr__(self) -> str:
-        return node_repr(self)
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return reduce_node(self)
+    __repr__ = node_repr
+    __reduce__ = reduce_node
 
     # -- mapping protocol and lookup -----------------------------------------------
 
     def __len__(self) -> int:
+        """The number of top-level keys."""
         return len(self._data)
 
     def __iter__(self) -> Iterator[str]:
+        """The top-level keys, in canonical (sorted) order."""
         return iter(self._data)
 
-    def __contains__(self, key: object) -> bool:
-        return _keyops.contains(self, key)
+    __contains__ = _keyops.contains
 
     def __getitem__(self, index: Any) -> Any:
+        """An entry by key, or the node indexed over its batch dims.
+
+        Args:
+            index: a key (str, or tuple of str for a nested key); or an index over the batch
+                dims as torch takes for a tensor (int, slice, None, ``...``, an index tensor or
+                list, a bool mask, or a tuple of them). Feature dims are never indexed.
+
+        Returns:
+            For a key, the tensor or sub-node there. For an index, a new node of the indexed
+            batch size: basic indices (ints, slices, None, ``...``) give views and keep the
+            tags; index tensors and masks copy, and the tags are dropped.
+
+        Raises:
+            KeyNotFoundError: the key is not there (the message lists the keys and close matches).
+            NotANodeKeyError: a nested key goes through a tensor.
+            BatchDimError: more indices than batch dims, an int out of range, or a mask that
+                does not fit the batch dims it covers.
+            TypeError: a key mixed with an index, or an unsupported index type.
+            ValueError: a slice with a step that is not positive.
+
+        >>> import torch, tdtree as tt
+        >>> td = tt.TensorDict({"a": torch.arange(6).view(3, 2), "b": {"c": torch.zeros(3)}}, batch_size=[3])
+        >>> td["b", "c"], td[1:]["a"], td[torch.tensor([True, False, True])].batch_size
+        (tensor([0., 0., 0.]), tensor([[2, 3],
+                [4, 5]]), torch.Size([2]))
+        """
         if type(index) is str:
             value = self._data.get(index, _keyops.MISSING)
             if value is _keyops.MISSING:
@@ -185,15 +267,18 @@ class TensorDict(Node):
         return _index.getitem(self, index)
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """Always raises TypeError: nodes are immutable (the message names ``set`` and ``at[idx]``)."""
         raise TypeError(
             "TensorDict is immutable: td = td.set(key, value) for a new node, "
             "td.at[idx].set(value) for a functional scatter, or td.at[idx].set_(value) to write in place"
         )
 
     def __delitem__(self, key: Any) -> None:
+        """Always raises TypeError: nodes are immutable (the message names ``exclude``)."""
         raise TypeError("TensorDict is immutable: td = td.exclude(key) for a node without it")
 
     def __bool__(self) -> bool:
+        """Always raises RuntimeError: a node has no single truth value (use ``all()`` / ``any()``)."""
         raise RuntimeError(
             "the truth value of a TensorDict is ambiguous: use td.all() or td.any() on a node of bools, "
             "or len(td) for the number of keys"
@@ -210,19 +295,85 @@ class TensorDict(Node):
     # -- functional editors (refused on Locked nodes) ------------------------------
 
     def set(self, key: NestedKey, value: Any) -> TensorDict:
-        """A new node with ``value`` at ``key`` (validated); only the path to it is copied."""
+        """A new node with ``value`` at ``key``; only the path to it is copied, the rest is shared.
+
+        Args:
+            key: a str, or a tuple of str for a nested key (missing sub-nodes are created).
+            value: a tensor whose shape starts with the batch size there, a node (put in
+                untagged), or a dict (becomes a sub-node).
+
+        Returns:
+            A new node. Tags by the rule: kept only when ``value`` uses a storage the node already
+            used (a node's own leaf moved to another key), else dropped.
+
+        Raises:
+            LockedError: the node, or a sub-node on the path to ``key``, is Locked.
+            BatchSizeError: ``value``'s shape does not start with the batch size.
+            KeyCollisionError: the path goes through a tensor.
+            TypeError: ``key`` is not a key, or ``value`` not a tensor, node or dict.
+
+        >>> import torch, tdtree as tt
+        >>> td = tt.TensorDict({"a": torch.zeros(2)}, batch_size=[2])
+        >>> list(td.set(("b", "c"), torch.ones(2, 3)).keys(include_nested=True))
+        ['a', 'b', ('b', 'c')]
+        """
         return _keyops.set_entry(self, key, value)
 
     def setdefault(self, key: NestedKey, default: Any) -> TensorDict:
-        """This node when ``key`` exists, else a new node with ``default`` there."""
+        """This node when ``key`` exists, else a new node with ``default`` there.
+
+        Args:
+            key: a str or tuple of str.
+            default: the value to set when ``key`` is missing (as ``value`` in :meth:`set`).
+
+        Returns:
+            ``self`` (tags kept), or a new node as :meth:`set` returns it.
+
+        Raises:
+            LockedError: the node is Locked (even when ``key`` exists).
+            BatchSizeError, KeyCollisionError, TypeError: as :meth:`set`.
+        """
         return _keyops.setdefault(self, key, default)
 
     def update(self, other: Mapping[Any, Any] | TensorDict) -> TensorDict:
-        """A new node with every entry of ``other`` set; nested mappings merge into sub-nodes."""
+        """A new node with every entry of ``other`` set; nested mappings merge into sub-nodes.
+
+        Args:
+            other: a node or a mapping (str or tuple-of-str keys) of tensors, nodes or mappings.
+
+        Returns:
+            A new node. Tags by the rule, the nodes in ``other`` among its inputs: kept only
+            when every leaf uses a storage the inputs already used.
+
+        Raises:
+            LockedError: the node, or a sub-node a nested mapping merges into, is Locked.
+            BatchSizeError: a value's shape does not start with the batch size.
+            KeyCollisionError: a key is given twice in ``other``.
+            TypeError: a key or value of another type.
+
+        >>> import torch, tdtree as tt
+        >>> td = tt.TensorDict({"a": torch.zeros(2), "b": {"c": torch.zeros(2)}}, batch_size=[2])
+        >>> list(td.update({"b": {"d": torch.ones(2)}}).keys(include_nested=True, leaves_only=True))
+        ['a', ('b', 'c'), ('b', 'd')]
+        """
         return _keyops.update(self, other)
 
     def rename(self, mapping: Mapping[NestedKey, NestedKey]) -> TensorDict:
-        """A new node with keys moved from ``old`` to ``new`` for each pair of ``mapping``."""
+        """A new node with the entry at each key ``old`` of ``mapping`` moved to ``new``.
+
+        Args:
+            mapping: ``{old: new}`` pairs of keys (str or tuple of str); values are not copied.
+
+        Returns:
+            A new node holding the same leaves; tags kept.
+
+        Raises:
+            LockedError: the node, or a sub-node on a path it edits, is Locked.
+            KeyNotFoundError: an ``old`` key is not there.
+            KeyCollisionError: two keys are renamed to one, or a ``new`` key exists (and is not
+                renamed away).
+            TypeError: a key is not a str or tuple of str.
+        """
         return _keyops.rename(self, mapping)
 
     # -- key views -------------------------------------------------------------------
@@ -232,257 +383,133 @@ class TensorDict(Node):
     select = _keyops.select
     exclude = _keyops.exclude
 
-    def flatten_keys(self, sep: str = ".") -> TensorDict:
-        """A flat node with nested keys joined by ``sep``; keeps tags."""
-        return _keyops.flatten_keys(self, sep)
-
-    def unflatten_keys(self, sep: str = ".") -> TensorDict:
-        """The inverse of :meth:`flatten_keys`; keeps tags."""
-        return _keyops.unflatten_keys(self, sep)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Nested plain dicts holding the same tensors."""
-        return _keyops.to_dict(self)
-
-    def clone(self, recurse: bool = True) -> TensorDict:
-        """A copy; ``recurse=False`` shares the leaves (and keeps tags), else new storage (no tags)."""
-        return _maps.clone(self, recurse)
+    flatten_keys = _keyops.flatten_keys
+    unflatten_keys = _keyops.unflatten_keys
+    to_dict = _keyops.to_dict
+    clone = _maps.clone
 
     # -- tags ----------------------------------------------------------------------------
 
     def lock(self) -> TensorDict:
-        """The same leaves, tagged ``Locked`` in addition to the node's tags."""
+        """The same leaves, tagged ``Locked`` in addition to the node's tags (on every sub-node).
+
+        Returns:
+            A node sharing every leaf, whose functional editors refuse with LockedError;
+            ``self`` when already so tagged.
+        """
         return retag(self, self._meta[3] | {Locked})
 
     def unlock(self) -> TensorDict:
-        """The same leaves without the ``Locked`` tag (other tags kept)."""
+        """The same leaves without the ``Locked`` tag (other tags kept, on every sub-node).
+
+        Returns:
+            A node sharing every leaf; ``self`` when already so tagged.
+        """
         return retag(self, self._meta[3] - {Locked})
 
     # -- maps, arithmetic, reductions (_maps.py, _ops.py) --------------------------------
 
-    def apply(self, fn: Callable[..., torch.Tensor], *others: TensorDict, batch_size: Any = None) -> TensorDict:
-        """``fn(leaf, *others' leaves)`` at every leaf, others paired by key; tags by the rule."""
-        return _maps.apply(self, fn, *others, batch_size=batch_size)
-
-    def named_apply(self, fn: Callable[..., torch.Tensor], *others: TensorDict, batch_size: Any = None) -> TensorDict:
-        """``fn(key, leaf, *others' leaves)`` at every leaf, key as in keys(include_nested=True); tags by the rule."""
-        return _maps.named_apply(self, fn, *others, batch_size=batch_size)
+    apply = _maps.apply  # bound as get is, docstrings on the functions: a wrapper would add a call frame
+    named_apply = _maps.named_apply
 
     # Comparisons return nodes, as torch's do; hashing stays by identity, as for tensors.
     __hash__ = Node.__hash__
-
-    def __add__(self, other: Any) -> TensorDict:
-        """``self + other`` leaf by leaf (number, batch-aligned tensor, or node by key); drops tags."""
-        return _ops.add(self, other)
-
-    def __radd__(self, other: Any) -> TensorDict:
-        """``other + self`` leaf by leaf; drops tags."""
-        return _ops.radd(self, other)
-
-    def __sub__(self, other: Any) -> TensorDict:
-        """``self - other`` leaf by leaf; drops tags."""
-        return _ops.sub(self, other)
-
-    def __rsub__(self, other: Any) -> TensorDict:
-        """``other - self`` leaf by leaf; drops tags."""
-        return _ops.rsub(self, other)
-
-    def __mul__(self, other: Any) -> TensorDict:
-        """``self * other`` leaf by leaf; drops tags."""
-        return _ops.mul(self, other)
-
-    def __rmul__(self, other: Any) -> TensorDict:
-        """``other * self`` leaf by leaf; drops tags."""
-        return _ops.rmul(self, other)
-
-    def __truediv__(self, other: Any) -> TensorDict:
-        """``self / other`` leaf by leaf; drops tags."""
-        return _ops.truediv(self, other)
-
-    def __rtruediv__(self, other: Any) -> TensorDict:
-        """``other / self`` leaf by leaf; drops tags."""
-        return _ops.rtruediv(self, other)
-
-    def __floordiv__(self, other: Any) -> TensorDict:
-        """``self // other`` leaf by leaf; drops tags."""
-        return _ops.floordiv(self, other)
-
-    def __rfloordiv__(self, other: Any) -> TensorDict:
-        """``other // self`` leaf by leaf; drops tags."""
-        return _ops.rfloordiv(self, other)
-
-    def __mod__(self, other: Any) -> TensorDict:
-        """``self % other`` leaf by leaf; drops tags."""
-        return _ops.mod(self, other)
-
-    def __rmod__(self, other: Any) -> TensorDict:
-        """``other % self`` leaf by leaf; drops tags."""
-        return _ops.rmod(self, other)
-
-    def __pow__(self, other: Any) -> TensorDict:
-        """``self ** other`` leaf by leaf; drops tags."""
-        return _ops.pow(self, other)
-
-    def __rpow__(self, other: Any) -> TensorDict:
-        """``other ** self`` leaf by leaf; drops tags."""
-        return _ops.rpow(self, other)
-
-    def __eq__(self, other: Any) -> TensorDict:  # type: ignore[override]
-        """A node of bools, ``self == other`` leaf by leaf; drops tags."""
-        return _ops.eq(self, other)
-
-    def __ne__(self, other: Any) -> TensorDict:  # type: ignore[override]
-        """A node of bools, ``self != other`` leaf by leaf; drops tags."""
-        return _ops.ne(self, other)
-
-    def __lt__(self, other: Any) -> TensorDict:
-        """A node of bools, ``self < other`` leaf by leaf; drops tags."""
-        return _ops.lt(self, other)
-
-    def __le__(self, other: Any) -> TensorDict:
-        """A node of bools, ``self <= other`` leaf by leaf; drops tags."""
-        return _ops.le(self, other)
-
-    def __gt__(self, other: Any) -> TensorDict:
-        """A node of bools, ``self > other`` leaf by leaf; drops tags."""
-        return _ops.gt(self, other)
-
-    def __ge__(self, other: Any) -> TensorDict:
-        """A node of bools, ``self >= other`` leaf by leaf; drops tags."""
-        return _ops.ge(self, other)
-
-    def __neg__(self) -> TensorDict:
-        """``-leaf`` for every leaf; drops tags."""
-        return _ops.neg(self)
-
-    def __abs__(self) -> TensorDict:
-        """``abs(leaf)`` for every leaf; drops tags."""
-        return _ops.abs(self)
-
-    def neg(self) -> TensorDict:
-        """``torch.neg`` of every leaf; drops tags."""
-        return _ops.neg(self)
-
-    def abs(self) -> TensorDict:
-        """``torch.abs`` of every leaf; drops tags."""
-        return _ops.abs(self)
-
-    def exp(self) -> TensorDict:
-        """``torch.exp`` of every leaf; drops tags."""
-        return _ops.exp(self)
-
-    def log(self) -> TensorDict:
-        """``torch.log`` of every leaf; drops tags."""
-        return _ops.log(self)
-
-    def sqrt(self) -> TensorDict:
-        """``torch.sqrt`` of every leaf; drops tags."""
-        return _ops.sqrt(self)
-
-    def sigmoid(self) -> TensorDict:
-        """``torch.sigmoid`` of every leaf; drops tags."""
-        return _ops.sigmoid(self)
-
-    def tanh(self) -> TensorDict:
-        """``torch.tanh`` of every leaf; drops tags."""
-        return _ops.tanh(self)
-
-    def sign(self) -> TensorDict:
-        """``torch.sign`` of every leaf; drops tags."""
-        return _ops.sign(self)
+    __add__ = _ops.add
+    __radd__ = _ops.radd
+    __sub__ = _ops.sub
+    __rsub__ = _ops.rsub
+    __mul__ = _ops.mul
+    __rmul__ = _ops.rmul
+    __truediv__ = _ops.truediv
+    __rtruediv__ = _ops.rtruediv
+    __floordiv__ = _ops.floordiv
+    __rfloordiv__ = _ops.rfloordiv
+    __mod__ = _ops.mod
+    __rmod__ = _ops.rmod
+    __pow__ = _ops.pow
+    __rpow__ = _ops.rpow
+    __eq__ = _ops.eq  # type: ignore[assignment]
+    __ne__ = _ops.ne  # type: ignore[assignment]
+    __lt__ = _ops.lt
+    __le__ = _ops.le
+    __gt__ = _ops.gt
+    __ge__ = _ops.ge
+    __neg__ = neg = _ops.neg
+    __abs__ = abs = _ops.abs
+    exp = _ops.exp
+    log = _ops.log
+    sqrt = _ops.sqrt
+    sigmoid = _ops.sigmoid
+    tanh = _ops.tanh
+    sign = _ops.sign
+    clamp = _ops.clamp
+    sum = _ops.sum
+    mean = _ops.mean
+    amax = _ops.amax
+    amin = _ops.amin
+    all = _ops.all
+    any = _ops.any
 
     def pow(self, exponent: Any) -> TensorDict:
-        """``self ** exponent`` leaf by leaf; drops tags."""
+        """``self ** exponent`` leaf by leaf: ``**`` with torch's argument name (see :func:`tdtree._ops.pow`).
+
+        Args:
+            exponent: a number, a tensor aligned with the batch dims, or a node paired by key.
+
+        Returns:
+            A new node; tags dropped (new storage). NotImplemented for an exponent of another type.
+
+        Raises:
+            KeyMismatchError: ``exponent`` is a node with other keys.
+            BatchSizeError: the batch sizes do not fit.
+        """
         return _ops.pow(self, exponent)
 
-    def clamp(self, min: Any = None, max: Any = None) -> TensorDict:  # noqa: A002
-        """``torch.clamp(leaf, min, max)`` for every leaf; drops tags."""
-        return _ops.clamp(self, min, max)
-
     def where(self, condition: Any, other: Any) -> TensorDict:
-        """``tdtree.where(condition, self, other)``: self where condition holds, else other; drops tags."""
+        """``tdtree.where(condition, self, other)``: ``self`` where ``condition`` holds, else ``other``.
+
+        Args:
+            condition: a node of bools, a bool tensor aligned with the batch dims, or a bool.
+            other: a node, a tensor aligned with the batch dims, or a number.
+
+        Returns:
+            A new node with this node's structure; tags dropped (new storage).
+
+        Raises:
+            TypeError, KeyMismatchError, BatchSizeError: as :func:`tdtree.where`.
+        """
         return _ops.where(condition, self, other)
-
-    def sum(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
-        """Sums over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
-        return _ops.sum(self, dim, keepdim)
-
-    def mean(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
-        """Means over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
-        return _ops.mean(self, dim, keepdim)
-
-    def amax(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
-        """Maxima over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
-        return _ops.amax(self, dim, keepdim)
-
-    def amin(self, dim: Any = None, keepdim: bool = False) -> TensorDict:
-        """Minima over batch dims ``dim`` (None: all), leaf by leaf; drops tags."""
-        return _ops.amin(self, dim, keepdim)
-
-    def all(self, dim: Any = None, keepdim: bool = False) -> Any:
-        """No dim: one 0-dim bool tensor over every element of every leaf; with dim: a node (drops tags)."""
-        return _ops.all(self, dim, keepdim)
-
-    def any(self, dim: Any = None, keepdim: bool = False) -> Any:
-        """No dim: one 0-dim bool tensor over every element of every leaf; with dim: a node (drops tags)."""
-        return _ops.any(self, dim, keepdim)
 
     # -- shapes (_shape.py) -----------------------------------------------------------------
 
-    def view(self, *shape: Any) -> TensorDict:
-        """The batch dims viewed as ``shape`` (-1 allowed); leaves are views, keeps tags."""
-        return _shape.view(self, *shape)
-
-    def reshape(self, *shape: Any) -> TensorDict:
-        """The batch dims reshaped to ``shape`` (-1 allowed); keeps tags exactly when every leaf is a view."""
-        return _shape.reshape(self, *shape)
-
-    def permute(self, *dims: Any) -> TensorDict:
-        """The batch dims reordered as ``dims``; views, keeps tags."""
-        return _shape.permute(self, *dims)
-
-    def transpose(self, dim0: int, dim1: int) -> TensorDict:
-        """Batch dims ``dim0`` and ``dim1`` swapped; views, keeps tags."""
-        return _shape.transpose(self, dim0, dim1)
-
-    def squeeze(self, dim: int | Sequence[int] | None = None) -> TensorDict:
-        """Without the batch dims of size 1 (all, or those in ``dim``); views, keeps tags."""
-        return _shape.squeeze(self, dim)
-
-    def unsqueeze(self, dim: int) -> TensorDict:
-        """With a batch dim of size 1 inserted at ``dim``; views, keeps tags."""
-        return _shape.unsqueeze(self, dim)
-
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> TensorDict:
-        """Batch dims ``start_dim``..``end_dim`` merged into one; keeps tags when the leaves are views."""
-        return _shape.flatten(self, start_dim, end_dim)
-
-    def unflatten(self, dim: int, sizes: Sequence[int]) -> TensorDict:
-        """Batch dim ``dim`` split into ``sizes``; views, keeps tags."""
-        return _shape.unflatten(self, dim, sizes)
-
-    def expand(self, *shape: Any) -> TensorDict:
-        """The batch dims broadcast to ``shape`` (-1 keeps a dim); views, keeps tags."""
-        return _shape.expand(self, *shape)
-
-    def unbind(self, dim: int = 0) -> tuple[TensorDict, ...]:
-        """One node per index along batch dim ``dim``, without it; views, keeps tags."""
-        return _shape.unbind(self, dim)
-
-    def split(self, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[TensorDict, ...]:
-        """Nodes cut along batch dim ``dim`` as ``torch.split`` does; views, keeps tags."""
-        return _shape.split(self, split_size_or_sections, dim)
-
-    def chunk(self, chunks: int, dim: int = 0) -> tuple[TensorDict, ...]:
-        """At most ``chunks`` nodes cut along batch dim ``dim`` as ``torch.chunk`` does; views, keeps tags."""
-        return _shape.chunk(self, chunks, dim)
+    view = _shape.view
+    reshape = _shape.reshape
+    permute = _shape.permute
+    transpose = _shape.transpose
+    squeeze = _shape.squeeze
+    unsqueeze = _shape.unsqueeze
+    flatten = _shape.flatten
+    unflatten = _shape.unflatten
+    expand = _shape.expand
+    unbind = _shape.unbind
+    split = _shape.split
+    chunk = _shape.chunk
 
     # -- indexing and scatter (_index.py) ------------------------------------------------
 
     @property
     def at(self) -> _index.At[TensorDict]:
-        """``td.at[idx].set(v)``: a new node with ``v`` written at ``idx`` (drops tags; refused when Locked);
-        ``td.at[idx].set_(v)``: writes in place and returns ``td`` (keeps tags); ``td.at[idx].get()``: ``td[idx]``."""
+        """Scatter by batch index: ``td.at[idx].set(v)``, ``td.at[idx].set_(v)``, ``td.at[idx].get()``.
+
+        ``set`` returns a new node with ``v`` written at ``idx`` (tags dropped; refused when
+        Locked); ``set_`` writes in place and returns ``td`` (tags kept); ``get`` is ``td[idx]``.
+        See :class:`tdtree._index.AtIndex` for the arguments and errors.
+
+        >>> import torch, tdtree as tt
+        >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
+        >>> td.at[1].set(5.0)["x"], td["x"]
+        (tensor([0., 5., 0.]), tensor([0., 0., 0.]))
+        """
         return _index.At(self)
 
     # -- combining, devices and memory (_combine.py, _device.py) ------------------------
@@ -494,25 +521,11 @@ class TensorDict(Node):
         """``torch.stack``/``cat``/``zeros_like``/``ones_like``/``full_like``/``empty_like`` on nodes; others decline."""
         return _combine.torch_function(func, args, kwargs)
 
-    def to(self, *args: Any, **kwargs: Any) -> TensorDict:
-        """Every leaf through ``Tensor.to`` (device and/or dtype); keeps tags when nothing changes."""
-        return _device.to(self, *args, **kwargs)
-
-    def cpu(self) -> TensorDict:
-        """``to("cpu")``; keeps tags when already there."""
-        return _device.cpu(self)
-
-    def cuda(self, device: Any = None, non_blocking: bool = False) -> TensorDict:
-        """``to(CUDA device)``; keeps tags when already there."""
-        return _device.cuda(self, device, non_blocking)
-
-    def pin_memory(self) -> TensorDict:
-        """Every leaf in page-locked memory (needs an accelerator); drops tags unless already pinned."""
-        return _device.pin_memory(self)
-
-    def contiguous(self) -> TensorDict:
-        """Every leaf contiguous; keeps tags when every leaf already is."""
-        return _device.contiguous(self)
+    to = _device.to
+    cpu = _device.cpu
+    cuda = _device.cuda
+    pin_memory = _device.pin_memory
+    contiguous = _device.contiguous
 
     @property
     def nbytes(self) -> int:
@@ -520,62 +533,61 @@ class TensorDict(Node):
         return _device.nbytes(self)
 
     def double(self) -> TensorDict:
-        """``to(torch.float64)``; keeps tags when already so."""
+        """``to(torch.float64)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.float64)
 
     def half(self) -> TensorDict:
-        """``to(torch.float16)``; keeps tags when already so."""
+        """``to(torch.float16)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.float16)
 
     def bfloat16(self) -> TensorDict:
-        """``to(torch.bfloat16)``; keeps tags when already so."""
+        """``to(torch.bfloat16)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.bfloat16)
 
     def long(self) -> TensorDict:
-        """``to(torch.int64)``; keeps tags when already so."""
+        """``to(torch.int64)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.int64)
 
     # float/int/bool shadow the builtins for the annotations below them, so they come last in the section.
     def float(self) -> TensorDict:
-        """``to(torch.float32)``; keeps tags when already so."""
+        """``to(torch.float32)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.float32)
 
     def int(self) -> TensorDict:
-        """``to(torch.int32)``; keeps tags when already so."""
+        """``to(torch.int32)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.int32)
 
     def bool(self) -> TensorDict:
-        """``to(torch.bool)``; keeps tags when already so."""
+        """``to(torch.bool)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.bool)
 
     # -- in-place writers and shared memory (_inplace.py, _shared.py) -------------------
 
-    def update_(self, other: Mapping[Any, Any] | TensorDict) -> TensorDict:
-        """This node, after writing ``other``'s values into the existing leaves (broadcast; same keys)."""
-        return _inplace.update_(self, other)
-
-    def copy_(self, other: TensorDict) -> TensorDict:
-        """This node, after copying every leaf of ``other`` (same keys, shapes, dtypes) into its leaves."""
-        return _inplace.copy_(self, other)
-
-    def zero_(self) -> TensorDict:
-        """This node, after setting every leaf to zero in place."""
-        return _inplace.zero_(self)
-
-    def fill_(self, key: NestedKey, value: Any) -> TensorDict:
-        """This node, after filling the leaf (or every leaf of the sub-node) at ``key`` with ``value``."""
-        return _inplace.fill_(self, key, value)
-
-    def share_memory(self) -> TensorDict:
-        """A copy with every leaf in shared memory, tagged ``{Shared, Locked}`` (the input is unchanged)."""
-        return _shared.share_memory(self)
+    update_ = _inplace.update_
+    copy_ = _inplace.copy_
+    zero_ = _inplace.zero_
+    fill_ = _inplace.fill_
+    share_memory: ClassVar[Callable[[TensorDict], TensorDict]] = _shared.share_memory
 
     # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------
 
     def memmap(self, prefix: Any, existsok: builtins.bool = False) -> TensorDict:
-        """A node equal to this one with leaves mapped from files under the directory ``prefix`` (str or
-        path); tags ``{Memmap, Locked}`` (made, not kept). See :func:`tdtree._memmap.memmap`."""
+        """A node equal to this one whose leaves are mapped from files under the directory ``prefix``.
+
+        Args:
+            prefix: the directory to create (str or path; its parent is created when missing).
+            existsok: replace an existing memmap directory (or empty directory) at ``prefix``.
+
+        Returns:
+            A new node on the CPU whose leaves are mapped read-write from the files, tagged
+            ``{Memmap, Locked}`` (made, not kept). ``tdtree.load_memmap(prefix)`` maps it again.
+
+        Raises:
+            MemmapError: ``prefix`` exists (without ``existsok``, or is not a memmap directory),
+                a leaf's dtype cannot be mapped, or writing failed; nothing is left behind.
+        """
         return _memmap.memmap(self, prefix, existsok)
 
 
 register(TensorDict)
+__test__ = {"TensorDict": TensorDict}  # doctest finds the methods' examples here (the class's module is "tdtree")

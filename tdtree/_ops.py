@@ -22,7 +22,7 @@ from __future__ import annotations
 import numbers
 import operator
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import torch
 
@@ -118,10 +118,32 @@ def _operands(what: str, node: Node, leaves: list[Any], other: Any) -> Any:
     return NotImplemented
 
 
+_SYMBOLS = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%", "pow": "**"}
+_SYMBOLS.update(eq="==", ne="!=", lt="<", le="<=", gt=">", ge=">=")
+
+_BINARY_DOC = """``{expr}`` leaf by leaf (what ``{dunder}`` runs).
+
+Args:
+    node: the node (``self`` as a method).
+    other: a number (applied to every leaf); a tensor aligned with the batch dims, of shape
+        ``batch_size`` or one that broadcasts to it, acting per batch element on every leaf (a
+        0-dim tensor acts as a number); or a node paired by key, whatever its tags.
+
+Returns:
+    A new node with ``node``'s keys and batch sizes holding {what}; tags dropped (new storage).
+    NotImplemented for any other ``other``, so Python then raises TypeError.
+
+Raises:
+    KeyMismatchError: ``other`` is a node with other keys (the message lists them).
+    BatchSizeError: ``other`` is a node of another batch size, or a tensor that does not
+        broadcast to ``batch_size``.
+"""
+
+
 def _binary(
     name: str, op: Callable[[Any, Any], Any], kernel: Callable[..., Any] | None, reflected: bool
-) -> Callable[[Node, Any], Any]:
-    def fn(node: Node, other: Any) -> Any:
+) -> Callable[[NodeT, Any], NodeT]:
+    def fn(node: NodeT, other: Any) -> NodeT:
         leaves, spec = flat(node)
         rhs = _operands(name, node, leaves, other)
         if rhs is NotImplemented:
@@ -137,10 +159,11 @@ def _binary(
         return unflat(spec, out)
 
     fn.__name__ = fn.__qualname__ = name
-    side = "other OP node" if reflected else "node OP other"
-    fn.__doc__ = (
-        f"``{side}`` with OP = ``{name}``, leaf by leaf: other is a number, a tensor aligned with the batch "
-        "dims, or a node paired by key. Returns a new node; tags dropped (new storage)."
+    symbol = _SYMBOLS[name[1:] if reflected else name]
+    fn.__doc__ = _BINARY_DOC.format(
+        expr=f"other {symbol} node" if reflected else f"node {symbol} other",
+        dunder=f"__{name}__",
+        what="bools" if name in ("eq", "ne", "lt", "le", "gt", "ge") else "the results",
     )
     return tag_rule(fn)
 
@@ -174,7 +197,11 @@ def _unary(name: str, kernel: Callable[..., Any]) -> Callable[[NodeT], NodeT]:
         return unflat(spec, foreach(kernel)(leaves) if leaves else leaves)
 
     fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"``torch.{name}`` of every leaf. Returns a new node; tags dropped (new storage)."
+    fn.__doc__ = (
+        f"``torch.{name}`` of every leaf (``td.{name}()``).\n\n"
+        "Args:\n    node: the node (``self`` as a method).\n\n"
+        "Returns:\n    A new node with the same keys and batch sizes; tags dropped (new storage).\n"
+    )
     return tag_rule(fn)
 
 
@@ -189,8 +216,21 @@ sign = _unary("sign", torch._foreach_sign)
 
 
 @tag_rule
-def clamp(node: NodeT, min: float | None = None, max: float | None = None) -> NodeT:  # noqa: A002
-    """``torch.clamp(leaf, min, max)`` for every leaf. Returns a new node; tags dropped."""
+def clamp(node: NodeT, min: Any = None, max: Any = None) -> NodeT:  # noqa: A002
+    """``torch.clamp(leaf, min, max)`` for every leaf.
+
+    Args:
+        node: the node (``self`` as a method).
+        min: the lower bound (a number or a tensor broadcasting to every leaf), or None for none.
+        max: the upper bound, likewise.
+
+    Returns:
+        A new node with the same keys and batch sizes; tags dropped (new storage).
+
+    >>> import torch, tdtree as tt
+    >>> tt.TensorDict({"x": torch.tensor([-2.0, 0.5, 3.0])}).clamp(0, 1)["x"]
+    tensor([0.0000, 0.5000, 1.0000])
+    """
     leaves, spec = flat(node)
     return unflat(spec, [torch.clamp(x, min, max) for x in leaves])
 
@@ -198,14 +238,31 @@ def clamp(node: NodeT, min: float | None = None, max: float | None = None) -> No
 # Typed TensorDict, not NodeT: the result takes the type of whichever of three arguments is the first node.
 @tag_rule
 def where(condition: Node | torch.Tensor, input: Any, other: Any) -> TensorDict:  # noqa: A002
-    """``torch.where(condition, input, other)`` leaf by leaf.
+    """``torch.where(condition, input, other)`` leaf by leaf (``tdtree.where``).
 
-    Each of the three is a node (paired by key), a tensor (aligned with the
-    batch dims) or a number; at least one is a node or a tensorclass. The
-    result has the structure of the first of them among ``input``, ``other``,
-    ``condition`` (an instance of its class when that is a tensorclass, whose
-    tensorclass operands then compute through their inner nodes).
-    Returns a new node; tags dropped (new storage).
+    Args:
+        condition: a node of bools (paired by key), a bool tensor aligned with the batch dims
+            (one value per batch element) or a bool.
+        input: the values where ``condition`` holds: a node, a tensor aligned with the batch
+            dims, or a number.
+        other: the values elsewhere, likewise.
+
+    At least one of the three is a node or a tensorclass instance.
+
+    Returns:
+        A new node with the structure of the first node among ``input``, ``other``, ``condition``
+        (an instance of its class when that is a tensorclass: tensorclass operands compute through
+        their inner nodes); tags dropped (new storage).
+
+    Raises:
+        TypeError: none of the three is a node or tensorclass, or one is of another type.
+        KeyMismatchError: two nodes hold different keys.
+        BatchSizeError: two nodes' batch sizes differ, or a tensor does not broadcast to the batch size.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.tensor([1.0, 2.0])}, batch_size=[2])
+    >>> tt.where(torch.tensor([True, False]), td, 0)["x"]
+    tensor([1., 0.])
     """
     first = next((x for x in (input, other, condition) if isinstance(x, (Node, Holder))), None)
     if isinstance(first, Holder):  # a tensorclass: its inner node computes, the result is rewrapped
@@ -246,10 +303,36 @@ def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Siz
     return tuple(sorted(out))
 
 
+_N = TypeVar("_N", bound=Node, covariant=True)
+
+
+class _BoundReduction(Protocol[_N]):
+    def __call__(self, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> _N: ...
+
+
 class _Reduction(Protocol):
-    """A reduction's signature, generic in the node type (``Callable[..., T]`` cannot say that with defaults)."""
+    """A reduction's signature, generic in the node type (``Callable[..., T]`` cannot say that with defaults);
+    ``__get__`` types it as a method where a class binds it (``TensorDict.sum = _ops.sum``)."""
 
     def __call__(self, node: NodeT, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> NodeT: ...
+
+    def __get__(self, obj: NodeT, owner: Any) -> _BoundReduction[NodeT]: ...
+
+
+_REDUCTION_DOC = """``torch.{name}`` of every leaf over batch dims ``dim`` (``td.{name}(dim)``).
+
+Args:
+    node: the node (``self`` as a method).
+    dim: a batch dim or a sequence of them (negative counts from the end of the batch dims);
+        None: all of the root's batch dims. Feature dims and a sub-node's extra batch dims stay.
+    keepdim: keep the reduced batch dims with size 1.
+
+Returns:
+    A new node with the reduced batch size; tags dropped (new storage).
+
+Raises:
+    BatchDimError: a dim is out of range for the batch dims, or named twice.
+"""
 
 
 def _reduction(name: str, torch_fn: Callable[..., torch.Tensor]) -> _Reduction:
@@ -266,11 +349,7 @@ def _reduction(name: str, torch_fn: Callable[..., torch.Tensor]) -> _Reduction:
         return rebuild(node, lambda x: torch_fn(x.unsqueeze(0), dim=0), kept)
 
     fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = (
-        f"``torch.{name}`` over the batch dims ``dim`` (None: all of the root's batch dims), leaf by leaf; "
-        "feature dims and a sub-node's extra batch dims stay. Returns a new node with the reduced "
-        "batch_size; tags dropped (new storage)."
-    )
+    fn.__doc__ = _REDUCTION_DOC.format(name=name)
     return tag_rule(fn)
 
 
@@ -283,10 +362,25 @@ _any = _reduction("any", torch.any)
 
 
 def all(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:  # noqa: A001
-    """With ``dim``: a node of ``torch.all`` over those batch dims (tags dropped).
+    """Whether every element is nonzero: over everything, or over batch dims ``dim`` (``td.all()``).
 
-    Without ``dim``: one 0-dim bool tensor, True when every element of every
-    leaf is nonzero (True for a node without leaves), usable in ``if``.
+    Args:
+        node: the node (``self`` as a method).
+        dim: None for one answer over every element of every leaf; else a batch dim or a
+            sequence of them, reduced leaf by leaf as :func:`sum` does.
+        keepdim: with ``dim``, keep the reduced batch dims with size 1.
+
+    Returns:
+        Without ``dim``: one 0-dim bool tensor (True for a node without leaves), usable in
+        ``if``. With ``dim``: a new node of bools with the reduced batch size; tags dropped.
+
+    Raises:
+        BatchDimError: a dim is out of range for the batch dims, or named twice.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.tensor([1, 0])}, batch_size=[2])
+    >>> td.all(), (td >= 0).all()
+    (tensor(False), tensor(True))
     """
     if dim is None:
         leaves, _ = flat(node)
@@ -297,10 +391,20 @@ def all(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = Fals
 
 
 def any(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:  # noqa: A001
-    """With ``dim``: a node of ``torch.any`` over those batch dims (tags dropped).
+    """Whether some element is nonzero: over everything, or over batch dims ``dim`` (``td.any()``).
 
-    Without ``dim``: one 0-dim bool tensor, True when some element of some leaf
-    is nonzero (False for a node without leaves), usable in ``if``.
+    Args:
+        node: the node (``self`` as a method).
+        dim: None for one answer over every element of every leaf; else a batch dim or a
+            sequence of them, reduced leaf by leaf as :func:`sum` does.
+        keepdim: with ``dim``, keep the reduced batch dims with size 1.
+
+    Returns:
+        Without ``dim``: one 0-dim bool tensor (False for a node without leaves), usable in
+        ``if``. With ``dim``: a new node of bools with the reduced batch size; tags dropped.
+
+    Raises:
+        BatchDimError: a dim is out of range for the batch dims, or named twice.
     """
     if dim is None:
         leaves, _ = flat(node)

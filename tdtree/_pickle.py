@@ -26,6 +26,8 @@ __all__ = ["reduce_node", "rebuild_node"]
 
 
 def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
+    """Pickle support (``__reduce__``): :func:`rebuild_node` and the node's metadata and leaves (a Memmap
+    node's leaves as references to their files), so a pickle rebuilds a node with the same tags."""
     root = type(node)._root
     keys, batch_size, device, tags = node._meta
     values = tuple(node._data.values())

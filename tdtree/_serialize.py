@@ -142,6 +142,17 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
     one shared buffer; keys, batch sizes, devices and the
     ``Locked`` tag are kept. Read it back with :func:`load`.
 
+    Args:
+        node: the node to save (any device; its tags do not matter, only ``Locked`` is recorded).
+        path: the file to write (str or path); its directory must exist.
+
+    Returns:
+        None; ``node`` is not changed.
+
+    Raises:
+        TypeError: ``node`` is not a node.
+        OSError: the file cannot be written (nothing is left at ``path`` or beside it).
+
     Example:
         >>> import tempfile, torch, tdtree
         >>> td = tdtree.TensorDict({"a": torch.zeros(2)}, batch_size=[2])

@@ -84,7 +84,26 @@ def _infer(batch: torch.Size, shape: tuple[int, ...], op: str) -> torch.Size:
 
 @tag_rule
 def view(node: NodeT, *shape: Any) -> NodeT:
-    """A node whose batch dims are viewed as ``shape`` (-1 allowed); leaves are views, tags kept."""
+    """The node with its batch dims viewed as ``shape`` (``td.view(2, -1)``).
+
+    Args:
+        node: the node (``self`` as a method).
+        *shape: the new batch size, as ints or one sequence; one -1 is inferred. Feature dims stay.
+
+    Returns:
+        A new node whose leaves are views of the input's; tags kept.
+
+    Raises:
+        BatchSizeError: ``shape`` is invalid or holds another number of elements than the batch.
+
+    torch raises RuntimeError for a leaf whose strides cannot be viewed so; :func:`reshape` copies it.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(6, 3)}, batch_size=[6]).lock()
+    >>> v = td.view(2, -1)
+    >>> v.batch_size, v["x"].shape, v.tags == td.tags
+    (torch.Size([2, 3]), torch.Size([2, 3, 3]), True)
+    """
     batch = node._meta[1]
     new = _infer(batch, _shape_arg(shape), "view")
     n = len(batch)
@@ -93,7 +112,18 @@ def view(node: NodeT, *shape: Any) -> NodeT:
 
 @tag_rule
 def reshape(node: NodeT, *shape: Any) -> NodeT:
-    """A node whose batch dims are reshaped to ``shape`` (-1 allowed); tags kept exactly when leaves are views."""
+    """The node with its batch dims reshaped to ``shape``, as ``torch.reshape`` (views where it can).
+
+    Args:
+        node: the node (``self`` as a method).
+        *shape: the new batch size, as ints or one sequence; one -1 is inferred.
+
+    Returns:
+        A new node; tags kept exactly when every leaf came back as a view, else dropped.
+
+    Raises:
+        BatchSizeError: ``shape`` is invalid or holds another number of elements than the batch.
+    """
     batch = node._meta[1]
     new = _infer(batch, _shape_arg(shape), "reshape")
     n = len(batch)
@@ -102,7 +132,18 @@ def reshape(node: NodeT, *shape: Any) -> NodeT:
 
 @tag_rule
 def permute(node: NodeT, *dims: Any) -> NodeT:
-    """A node with the batch dims reordered as ``dims`` (a permutation of them); views, tags kept."""
+    """The node with its batch dims reordered as ``dims``; feature dims stay last.
+
+    Args:
+        node: the node (``self`` as a method).
+        *dims: a permutation of the batch dims, as ints or one sequence (negative allowed).
+
+    Returns:
+        A new node whose leaves are views; tags kept.
+
+    Raises:
+        BatchDimError: a dim is out of range, or ``dims`` is not a permutation of the batch dims.
+    """
     batch = node._meta[1]
     n = len(batch)
     order = tuple(batch_dim(node, d, "permute") for d in _shape_arg(dims))
@@ -117,7 +158,19 @@ def permute(node: NodeT, *dims: Any) -> NodeT:
 
 @tag_rule
 def transpose(node: NodeT, dim0: int, dim1: int) -> NodeT:
-    """A node with batch dims ``dim0`` and ``dim1`` swapped; views, tags kept."""
+    """The node with batch dims ``dim0`` and ``dim1`` swapped.
+
+    Args:
+        node: the node (``self`` as a method).
+        dim0: a batch dim (negative counts from the end of the batch dims).
+        dim1: another batch dim.
+
+    Returns:
+        A new node whose leaves are views; tags kept.
+
+    Raises:
+        BatchDimError: a dim is out of range for the batch dims.
+    """
     d0 = batch_dim(node, dim0, "transpose")
     d1 = batch_dim(node, dim1, "transpose")
     new = list(node._meta[1])
@@ -127,7 +180,19 @@ def transpose(node: NodeT, dim0: int, dim1: int) -> NodeT:
 
 @tag_rule
 def squeeze(node: NodeT, dim: int | Sequence[int] | None = None) -> NodeT:
-    """A node without the batch dims of size 1 (all, or those in ``dim``; others are left); views, tags kept."""
+    """The node without its batch dims of size 1.
+
+    Args:
+        node: the node (``self`` as a method).
+        dim: None for every batch dim of size 1; else a batch dim or a sequence of them, of
+            which those of size 1 are removed (others are left, as torch does).
+
+    Returns:
+        A new node whose leaves are views; tags kept.
+
+    Raises:
+        BatchDimError: a dim is out of range for the batch dims.
+    """
     batch = node._meta[1]
     if dim is None:
         candidates: tuple[int, ...] = tuple(range(len(batch)))
@@ -146,7 +211,18 @@ def squeeze(node: NodeT, dim: int | Sequence[int] | None = None) -> NodeT:
 
 @tag_rule
 def unsqueeze(node: NodeT, dim: int) -> NodeT:
-    """A node with a batch dim of size 1 inserted at ``dim`` (in [-ndim-1, ndim]); views, tags kept."""
+    """The node with a batch dim of size 1 inserted at ``dim``.
+
+    Args:
+        node: the node (``self`` as a method).
+        dim: the new dim's place, in ``[-ndim - 1, ndim]`` of the batch dims.
+
+    Returns:
+        A new node whose leaves are views; tags kept.
+
+    Raises:
+        BatchDimError: ``dim`` is out of that range.
+    """
     d = batch_dim(node, dim, "unsqueeze", extra=1)
     batch = node._meta[1]
     return rebuild(node, lambda x: x.unsqueeze(d), torch.Size((*batch[:d], 1, *batch[d:])))
@@ -154,10 +230,22 @@ def unsqueeze(node: NodeT, dim: int) -> NodeT:
 
 @tag_rule
 def flatten(node: NodeT, start_dim: int = 0, end_dim: int = -1) -> NodeT:
-    """A node with batch dims ``start_dim``..``end_dim`` merged into one; tags kept when leaves are views.
+    """The node with batch dims ``start_dim``..``end_dim`` (inclusive) merged into one.
 
     As ``torch.flatten`` does for a 0-d tensor, a node with no batch dims gets
     one batch dim of size 1.
+
+    Args:
+        node: the node (``self`` as a method).
+        start_dim: the first batch dim to merge.
+        end_dim: the last batch dim to merge.
+
+    Returns:
+        A new node; tags kept when every leaf came back as a view (torch copies a leaf whose
+        strides do not allow one), else dropped.
+
+    Raises:
+        BatchDimError: a dim is out of range, or ``start_dim`` comes after ``end_dim``.
     """
     batch = node._meta[1]
     if not batch:
@@ -177,7 +265,20 @@ def flatten(node: NodeT, start_dim: int = 0, end_dim: int = -1) -> NodeT:
 
 @tag_rule
 def unflatten(node: NodeT, dim: int, sizes: Shape) -> NodeT:
-    """A node with batch dim ``dim`` split into ``sizes`` (one -1 allowed); views, tags kept."""
+    """The node with batch dim ``dim`` split into the dims ``sizes``.
+
+    Args:
+        node: the node (``self`` as a method).
+        dim: the batch dim to split.
+        sizes: the new dims' sizes, whose product is that dim's size (one -1 is inferred).
+
+    Returns:
+        A new node whose leaves are views; tags kept.
+
+    Raises:
+        BatchDimError: ``dim`` is out of range for the batch dims.
+        BatchSizeError: ``sizes`` is invalid or does not multiply to the dim's size.
+    """
     d = batch_dim(node, dim, "unflatten")
     batch = node._meta[1]
     inner = _infer(batch[d : d + 1], _shape_arg((sizes,)), "unflatten")
@@ -187,7 +288,20 @@ def unflatten(node: NodeT, dim: int, sizes: Shape) -> NodeT:
 
 @tag_rule
 def expand(node: NodeT, *shape: Any) -> NodeT:
-    """A node whose batch dims are broadcast to ``shape`` (-1 keeps a dim; new dims lead); views, tags kept."""
+    """The node with its batch dims broadcast to ``shape``, as ``torch.Tensor.expand``.
+
+    Args:
+        node: the node (``self`` as a method).
+        *shape: the new batch size, as ints or one sequence: at least as many dims as the
+            batch size, new dims leading; -1 keeps a dim; a dim of size 1 may grow.
+
+    Returns:
+        A new node whose leaves are (expanded) views; tags kept. In-place writers refuse
+        expanded leaves (several elements share one memory cell).
+
+    Raises:
+        BatchSizeError: ``shape`` has fewer dims than the batch size, or a dim cannot be expanded.
+    """
     batch = node._meta[1]
     target = _shape_arg(shape)
     n, lead = len(batch), len(target) - len(batch)
@@ -240,7 +354,23 @@ def _rebuild_many(
 
 @tag_rule
 def unbind(node: NodeT, dim: int = 0) -> tuple[NodeT, ...]:
-    """A tuple of nodes, one per index along batch dim ``dim``, without that dim; views, tags kept."""
+    """The node cut into one node per index along batch dim ``dim``, without that dim.
+
+    Args:
+        node: the node (``self`` as a method).
+        dim: the batch dim to unbind.
+
+    Returns:
+        A tuple of ``batch_size[dim]`` new nodes whose leaves are views; each keeps the tags.
+
+    Raises:
+        BatchDimError: ``dim`` is out of range for the batch dims.
+
+    >>> import torch, tdtree as tt
+    >>> a, b = tt.TensorDict({"x": torch.arange(4).view(2, 2)}, batch_size=[2]).unbind(0)
+    >>> a["x"], b.batch_size
+    (tensor([0, 1]), torch.Size([]))
+    """
     d = batch_dim(node, dim, "unbind")
     batch = node._meta[1]
     rest = torch.Size((*batch[:d], *batch[d + 1 :]))
@@ -265,7 +395,22 @@ def _sections(node: NodeT, d: int, sizes: Sequence[int]) -> tuple[NodeT, ...]:
 
 @tag_rule
 def split(node: NodeT, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[NodeT, ...]:
-    """A tuple of nodes cut along batch dim ``dim`` as ``torch.split`` cuts a tensor; views, tags kept."""
+    """The node cut along batch dim ``dim`` as ``torch.split`` cuts a tensor.
+
+    Args:
+        node: the node (``self`` as a method).
+        split_size_or_sections: the size of each part (the last may be smaller), or the list
+            of the parts' sizes, which add up to the dim's size.
+        dim: the batch dim to cut.
+
+    Returns:
+        A tuple of new nodes whose leaves are views; each keeps the tags.
+
+    Raises:
+        BatchDimError: ``dim`` is out of range for the batch dims.
+        BatchSizeError: a negative or zero size (of a non-empty dim), or sections that do not add
+            up to the dim's size.
+    """
     d = batch_dim(node, dim, "split")
     length = node._meta[1][d]
     if isinstance(split_size_or_sections, int):
@@ -282,7 +427,20 @@ def split(node: NodeT, split_size_or_sections: int | Sequence[int], dim: int = 0
 
 @tag_rule
 def chunk(node: NodeT, chunks: int, dim: int = 0) -> tuple[NodeT, ...]:
-    """A tuple of at most ``chunks`` nodes cut along batch dim ``dim`` as ``torch.chunk`` does; views, tags kept."""
+    """The node cut into at most ``chunks`` parts along batch dim ``dim``, as ``torch.chunk`` does.
+
+    Args:
+        node: the node (``self`` as a method).
+        chunks: the number of parts asked for (fewer come back when the dim is too short).
+        dim: the batch dim to cut.
+
+    Returns:
+        A tuple of new nodes whose leaves are views; each keeps the tags.
+
+    Raises:
+        BatchDimError: ``dim`` is out of range for the batch dims.
+        ValueError: ``chunks`` is less than 1.
+    """
     d = batch_dim(node, dim, "chunk")
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be at least 1, got {chunks}")

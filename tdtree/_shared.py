@@ -37,6 +37,13 @@ def share_memory(node: Node) -> Any:
     ``torch.multiprocessing`` workers hands them the same storages, so their
     in-place writes are seen here.
 
+    Args:
+        node: the node (``self`` as a method); it is not changed.
+
+    Returns:
+        A new node of copies of the leaves in shared memory, tagged ``{Shared, Locked}`` on every
+        sub-node (set, not kept: only ``update_``, ``copy_``, ``at[...].set_`` write into it).
+
     Example:
         >>> import torch, tdtree as tt
         >>> td = tt.TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]).share_memory()

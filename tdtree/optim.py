@@ -87,6 +87,9 @@ def sgd(params: Any, grads: Any, lr: float, momentum: float = 0.0, momentum_stat
         or None without momentum). Results hold new tensors, so tags are
         dropped (the rule).
 
+    Raises:
+        ValueError: ``grads`` or ``momentum_state`` has another number of leaves than ``params``.
+
     >>> import torch, tdtree
     >>> p = tdtree.TensorDict({"w": torch.ones(2)})
     >>> sgd(p, p, lr=0.5)[0]["w"]
@@ -103,7 +106,12 @@ def _zeros(params: Any) -> Any:
 def adam_init(params: Any) -> AdamState:
     """Adam's first state for ``params``: step 0 (on the parameters' device) and zero moments.
 
-    The moments are new tensors, so they carry no tags.
+    Args:
+        params: a node (or any tree of tensors in the ``"tdtree"`` namespace).
+
+    Returns:
+        An :class:`AdamState`: ``step`` a 0-dim float32 tensor 0, and two trees of zeros like
+        ``params``. The moments are new tensors, so they carry no tags.
     """
     first = leaves(params)
     device = first[0].device if first else None
@@ -161,6 +169,9 @@ def adam(
     Returns:
         New parameters and the new :class:`AdamState`. Results hold new
         tensors, so tags are dropped (the rule).
+
+    Raises:
+        ValueError: ``grads`` or a moment tree has another number of leaves than ``params``.
 
     >>> import torch, tdtree
     >>> p = tdtree.TensorDict({"w": torch.ones(2)})

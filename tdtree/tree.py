@@ -67,10 +67,21 @@ def map(
     none_is_leaf: bool = False,
 ) -> Any:  # noqa: A001
     """``func`` applied to each leaf of ``tree`` (and the matching leaves of ``rests``, paired whatever
-    their nodes' tags).
+    their nodes' tags): ``optree.tree_map`` in the ``"tdtree"`` namespace.
 
-    Tags follow the rule with every tree as an input: kept only when every leaf of the
-    result reuses a storage of the inputs.
+    Args:
+        func: called with one leaf of each tree; returns the new leaf.
+        tree: a pytree (nodes, tensorclasses, dicts, lists, tuples, ...) in the ``"tdtree"`` namespace.
+        *rests: trees with ``tree``'s structure (their nodes may carry other tags).
+        is_leaf: a predicate that stops the walk at the subtrees it accepts (they become leaves).
+        none_is_leaf: treat None as a leaf rather than an empty subtree.
+
+    Returns:
+        A tree of ``tree``'s structure holding ``func``'s results. Tags follow the rule with every
+        tree as an input: kept only when every leaf of the result reuses a storage of the inputs.
+
+    Raises:
+        ValueError: a tree of ``rests`` has another structure (optree's error).
 
     >>> import torch, tdtree
     >>> sh = tdtree.TensorDict({"x": torch.zeros(2)}).share_memory()
@@ -89,36 +100,107 @@ def map_with_path(
     is_leaf: Callable[[Any], bool] | None = None,
     none_is_leaf: bool = False,
 ) -> Any:
-    """``func(path, leaf, ...)`` for each leaf; the path is a tuple of keys. Tags and pairing as in :func:`map`."""
+    """``func(path, leaf, *rest_leaves)`` for each leaf: ``optree.tree_map_with_path`` in the ``"tdtree"`` namespace.
+
+    Args:
+        func: called with the leaf's path (a tuple of keys: a node contributes its keys, a list
+            its indices) and one leaf of each tree.
+        tree: a pytree (nodes, tensorclasses, dicts, lists, tuples, ...) in the ``"tdtree"`` namespace.
+        *rests: trees with ``tree``'s structure.
+        is_leaf: a predicate that stops the walk at the subtrees it accepts (they become leaves).
+        none_is_leaf: treat None as a leaf rather than an empty subtree.
+
+    Returns:
+        A tree of ``tree``'s structure holding ``func``'s results; tags and pairing as in :func:`map`.
+
+    Raises:
+        ValueError: a tree of ``rests`` has another structure (optree's error).
+    """
     return _paired(optree.tree_map_with_path, func, tree, rests, is_leaf, none_is_leaf)
 
 
 def flatten(
     tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False
 ) -> tuple[list[Any], optree.PyTreeSpec]:
-    """The leaves of ``tree`` and its structure."""
+    """The leaves of ``tree`` and its structure (``optree.tree_flatten`` in the ``"tdtree"`` namespace).
+
+    Args:
+        tree: a pytree (nodes, tensorclasses, dicts, lists, tuples, ...) in the ``"tdtree"`` namespace.
+        is_leaf: a predicate that stops the walk at the subtrees it accepts (they become leaves).
+        none_is_leaf: treat None as a leaf rather than an empty subtree.
+
+    Returns:
+        ``(leaves, treespec)``: the leaves in canonical order (node keys sorted) and the structure,
+        which holds each node's keys, batch size, device and tags.
+
+    >>> import torch, tdtree as tt
+    >>> leaves, spec = tt.tree.flatten({"a": tt.TensorDict({"x": torch.zeros(1), "y": torch.ones(1)})})
+    >>> leaves, spec.num_leaves
+    ([tensor([0.]), tensor([1.])], 2)
+    """
     return optree.tree_flatten(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
 
 
 def flatten_with_path(
     tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False
 ) -> tuple[list[Any], list[Any], optree.PyTreeSpec]:
-    """The paths, leaves and structure of ``tree``."""
+    """The paths, leaves and structure of ``tree`` (``optree.tree_flatten_with_path``, ``"tdtree"`` namespace).
+
+    Args:
+        tree: a pytree (nodes, tensorclasses, dicts, lists, tuples, ...) in the ``"tdtree"`` namespace.
+        is_leaf: a predicate that stops the walk at the subtrees it accepts (they become leaves).
+        none_is_leaf: treat None as a leaf rather than an empty subtree.
+
+    Returns:
+        ``(paths, leaves, treespec)``: each leaf's path (a tuple of keys), the leaves in
+        canonical order, and the structure.
+    """
     return optree.tree_flatten_with_path(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
 
 
 def unflatten(treespec: optree.PyTreeSpec, leaves: Any, /) -> Any:
-    """The tree of structure ``treespec`` holding ``leaves``; its nodes are untagged (no inputs to compare with)."""
+    """The tree of structure ``treespec`` holding ``leaves`` (``optree.tree_unflatten``).
+
+    Args:
+        treespec: a structure from :func:`flatten` or :func:`structure`.
+        leaves: an iterable of as many leaves as ``treespec`` has, in its order.
+
+    Returns:
+        The tree. Its nodes are untagged, whatever tags ``treespec`` recorded: there are no
+        inputs to check a claim against (DESIGN 3.1).
+
+    Raises:
+        ValueError: the number of leaves differs from ``treespec``'s (optree's error).
+    """
     return optree.tree_unflatten(treespec, leaves)
 
 
 def leaves(tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False) -> list[Any]:
-    """The leaves of ``tree`` in canonical order."""
+    """The leaves of ``tree`` in canonical order (node keys sorted): ``optree.tree_leaves``, ``"tdtree"`` namespace.
+
+    Args:
+        tree: a pytree (nodes, tensorclasses, dicts, lists, tuples, ...) in the ``"tdtree"`` namespace.
+        is_leaf: a predicate that stops the walk at the subtrees it accepts (they become leaves).
+        none_is_leaf: treat None as a leaf rather than an empty subtree.
+
+    Returns:
+        A list of the leaves.
+    """
     return optree.tree_leaves(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)
 
 
 def structure(
     tree: Any, /, is_leaf: Callable[[Any], bool] | None = None, *, none_is_leaf: bool = False
 ) -> optree.PyTreeSpec:
-    """The structure of ``tree`` (tags and batch sizes included)."""
+    """The structure of ``tree``: ``optree.tree_structure`` in the ``"tdtree"`` namespace.
+
+    Args:
+        tree: a pytree (nodes, tensorclasses, dicts, lists, tuples, ...) in the ``"tdtree"`` namespace.
+        is_leaf: a predicate that stops the walk at the subtrees it accepts (they become leaves).
+        none_is_leaf: treat None as a leaf rather than an empty subtree.
+
+    Returns:
+        A ``PyTreeSpec`` holding each node's keys, batch size, device and tags: nodes that differ
+        only in tags have different structures.
+    """
     return optree.tree_structure(tree, is_leaf=is_leaf, none_is_leaf=none_is_leaf, namespace=NAMESPACE)

@@ -487,10 +487,11 @@ if TYPE_CHECKING:
 class TensorClass(RecordOps, metaclass=TensorClassMeta):
     """Base of tensorclasses: subclass it with annotated fields for a typed, frozen record.
 
-    ``Cls(*fields, batch_size=None, device=None, **fields)``: fields by position (declaration
-    order) or by name; defaults from the class body. Every field holds a tensor, a TensorDict,
-    a tensorclass (data, sharing the leading ``batch_size`` dims) or a static ``str``, ``int``,
-    ``float``, ``bool``, ``None`` or enum member (kept in the pytree metadata).
+    Args:
+        *args, **kwargs: the fields, by position (declaration order) or by name (defaults from the
+            class body): tensors, TensorDicts, tensorclasses (data, sharing the leading ``batch_size``
+            dims), or static ``str``, ``int``, ``float``, ``bool``, ``None`` or enum members.
+        batch_size, device: the data fields' leading dims (None is ``()``), and a device to move them to.
 
     Raises:
         FieldError: an unknown or missing field, or a value whose type does not fit the
@@ -540,8 +541,13 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
         return record_repr(self)
 
     def replace(self, **fields: Any) -> typing.Self:
-        """A new instance with ``fields`` replaced, checked as in the constructor; the other fields
-        shared. Tags by the rule (kept when every leaf is one this instance had).
+        """A new instance with ``fields`` replaced, checked as in the constructor; the others shared.
+
+        Args:
+            **fields: the new values, by field name.
+
+        Returns:
+            An instance of this class. Tags by the rule (kept when every leaf is one this instance had).
 
         Raises:
             LockedError: the instance is ``Locked`` (write in place with ``copy_`` or ``unlock()``).
@@ -571,6 +577,15 @@ TensorClass.__module__ = "tdtree"
 @dataclass_transform(frozen_default=True)
 def tensorclass(cls: type) -> Any:
     """``@tensorclass`` on a class with annotated fields: the same class made a :class:`TensorClass`.
+
+    Args:
+        cls: a class with annotated fields, declared as for a :class:`TensorClass` subclass.
+
+    Returns:
+        A :class:`TensorClass` subclass with ``cls``'s name and body (``cls`` itself when it is one).
+
+    Raises:
+        FieldError: the class declares a field a tensorclass cannot have (the message names it).
 
     Untyped spelling: type checkers see the fields and the constructor, but not the methods
     the class gains; subclass :class:`TensorClass` for those.

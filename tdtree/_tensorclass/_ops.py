@@ -32,7 +32,12 @@ def _unwrap(x: Any) -> Any:
 
 
 class RecordOps(Holder):
-    """Operations of :class:`tdtree.TensorClass` (mixed in; every result is the instance's class)."""
+    """Operations of :class:`tdtree.TensorClass` (mixed in; every result is the instance's class).
+
+    Each method takes the arguments of the :class:`TensorDict` method of the same name (instances in
+    place of nodes), raises its errors and keeps or drops tags as it does; where that method returns
+    a node (or a tuple of nodes), this one returns an instance (or a tuple of instances) of the class.
+    """
 
     __slots__ = ()
     _td: TensorDict
@@ -57,13 +62,16 @@ class RecordOps(Holder):
 
     @property
     def shape(self) -> torch.Size:
+        """The batch size (``batch_size``)."""
         return self._td._meta[1]
 
     @property
     def ndim(self) -> int:
+        """The number of batch dims."""
         return len(self._td._meta[1])
 
     def dim(self) -> int:
+        """The number of batch dims, as ``ndim``."""
         return len(self._td._meta[1])
 
     def numel(self) -> int:
@@ -72,18 +80,22 @@ class RecordOps(Holder):
 
     @property
     def tags(self) -> frozenset[Tag]:
+        """The inner node's tags (``Locked``, ``Shared``, ``Memmap``)."""
         return self._td._meta[3]
 
     @property
     def is_locked(self) -> bool:
+        """Whether the instance is tagged ``Locked``."""
         return Locked in self._td._meta[3]
 
     @property
     def is_shared(self) -> bool:
+        """Whether the instance is tagged ``Shared``."""
         return Shared in self._td._meta[3]
 
     @property
     def is_memmap(self) -> bool:
+        """Whether the instance is tagged ``Memmap``."""
         return Memmap in self._td._meta[3]
 
     @property
@@ -97,6 +109,7 @@ class RecordOps(Holder):
         return self._td
 
     def __bool__(self) -> bool:
+        """Always raises RuntimeError: an instance has no single truth value (use ``all()`` / ``any()``)."""
         raise RuntimeError(
             f"the truth value of a {type(self).__name__} is ambiguous: use .all() or .any() on an instance of bools"
         )
@@ -173,96 +186,126 @@ class RecordOps(Holder):
         return self._wrap(out)
 
     def __add__(self, other: Any) -> Self:
+        """``self + other`` leaf by leaf (an instance, node, tensor or number); drops tags."""
         return self._wrap_any(self._td.__add__(_unwrap(other)))
 
     def __radd__(self, other: Any) -> Self:
+        """``other + self`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__radd__(_unwrap(other)))
 
     def __sub__(self, other: Any) -> Self:
+        """``self - other`` leaf by leaf (an instance, node, tensor or number); drops tags."""
         return self._wrap_any(self._td.__sub__(_unwrap(other)))
 
     def __rsub__(self, other: Any) -> Self:
+        """``other - self`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__rsub__(_unwrap(other)))
 
     def __mul__(self, other: Any) -> Self:
+        """``self * other`` leaf by leaf (an instance, node, tensor or number); drops tags."""
         return self._wrap_any(self._td.__mul__(_unwrap(other)))
 
     def __rmul__(self, other: Any) -> Self:
+        """``other * self`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__rmul__(_unwrap(other)))
 
     def __truediv__(self, other: Any) -> Self:
+        """``self / other`` leaf by leaf (an instance, node, tensor or number); drops tags."""
         return self._wrap_any(self._td.__truediv__(_unwrap(other)))
 
     def __rtruediv__(self, other: Any) -> Self:
+        """``other / self`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__rtruediv__(_unwrap(other)))
 
     def __floordiv__(self, other: Any) -> Self:
+        """``self // other`` leaf by leaf (an instance, node, tensor or number); drops tags."""
         return self._wrap_any(self._td.__floordiv__(_unwrap(other)))
 
     def __rfloordiv__(self, other: Any) -> Self:
+        """``other // self`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__rfloordiv__(_unwrap(other)))
 
     def __mod__(self, other: Any) -> Self:
+        """``self % other`` leaf by leaf (an instance, node, tensor or number); drops tags."""
         return self._wrap_any(self._td.__mod__(_unwrap(other)))
 
     def __rmod__(self, other: Any) -> Self:
+        """``other % self`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__rmod__(_unwrap(other)))
 
     def __rpow__(self, other: Any) -> Self:
+        """``other ** self`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__rpow__(_unwrap(other)))
 
     def __pow__(self, other: Any) -> Self:
+        """``self ** other`` leaf by leaf (an instance, node, tensor or number); drops tags."""
         return self._wrap_any(self._td.__pow__(_unwrap(other)))
 
     def __neg__(self) -> Self:
+        """``-self`` leaf by leaf; drops tags."""
         return self._wrap(self._td.__neg__())
 
     def __abs__(self) -> Self:
+        """``abs(self)`` leaf by leaf; drops tags."""
         return self._wrap(self._td.__abs__())
 
     # Comparisons return instances of bools, as the node's do; hashing stays by identity.
     __hash__ = object.__hash__
 
     def __eq__(self, other: Any) -> Self:  # type: ignore[override]
+        """An instance of bools, ``self == other`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__eq__(_unwrap(other)))
 
     def __ne__(self, other: Any) -> Self:  # type: ignore[override]
+        """An instance of bools, ``self != other`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__ne__(_unwrap(other)))
 
     def __lt__(self, other: Any) -> Self:
+        """An instance of bools, ``self < other`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__lt__(_unwrap(other)))
 
     def __le__(self, other: Any) -> Self:
+        """An instance of bools, ``self <= other`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__le__(_unwrap(other)))
 
     def __gt__(self, other: Any) -> Self:
+        """An instance of bools, ``self > other`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__gt__(_unwrap(other)))
 
     def __ge__(self, other: Any) -> Self:
+        """An instance of bools, ``self >= other`` leaf by leaf; drops tags."""
         return self._wrap_any(self._td.__ge__(_unwrap(other)))
 
     def exp(self) -> Self:
+        """``torch.exp`` of every leaf; drops tags."""
         return self._wrap(self._td.exp())
 
     def log(self) -> Self:
+        """``torch.log`` of every leaf; drops tags."""
         return self._wrap(self._td.log())
 
     def sqrt(self) -> Self:
+        """``torch.sqrt`` of every leaf; drops tags."""
         return self._wrap(self._td.sqrt())
 
     def neg(self) -> Self:
+        """``torch.neg`` of every leaf; drops tags."""
         return self._wrap(self._td.neg())
 
     def abs(self) -> Self:
+        """``torch.abs`` of every leaf; drops tags."""
         return self._wrap(self._td.abs())
 
     def sigmoid(self) -> Self:
+        """``torch.sigmoid`` of every leaf; drops tags."""
         return self._wrap(self._td.sigmoid())
 
     def tanh(self) -> Self:
+        """``torch.tanh`` of every leaf; drops tags."""
         return self._wrap(self._td.tanh())
 
     def sign(self) -> Self:
+        """``torch.sign`` of every leaf; drops tags."""
         return self._wrap(self._td.sign())
 
     def pow(self, exponent: Any) -> Self:
@@ -270,6 +313,7 @@ class RecordOps(Holder):
         return self._wrap(self._td.pow(_unwrap(exponent)))
 
     def clamp(self, min: Any = None, max: Any = None) -> Self:  # noqa: A002
+        """``torch.clamp(leaf, min, max)`` for every leaf; drops tags."""
         return self._wrap(self._td.clamp(min, max))
 
     def where(self, condition: Any, other: Any) -> Self:
@@ -307,6 +351,7 @@ class RecordOps(Holder):
         return self._wrap(self._td.to(*args, **kwargs))
 
     def cpu(self) -> Self:
+        """``to("cpu")``; keeps tags when already there."""
         return self._wrap(self._td.cpu())
 
     def cuda(self, device: Any = None, non_blocking: builtins.bool = False) -> Self:
@@ -322,6 +367,7 @@ class RecordOps(Holder):
         return self._wrap(self._td.clone(recurse))
 
     def contiguous(self) -> Self:
+        """Every leaf contiguous; keeps tags when every leaf already is."""
         return self._wrap(self._td.contiguous())
 
     def share_memory(self) -> Self:
@@ -387,24 +433,31 @@ class RecordOps(Holder):
 
     # float/int/bool shadow the builtins for annotations below them, so they come last.
     def double(self) -> Self:
+        """``to(torch.float64)``; keeps tags when already so."""
         return self._wrap(self._td.double())
 
     def bfloat16(self) -> Self:
+        """``to(torch.bfloat16)``; keeps tags when already so."""
         return self._wrap(self._td.bfloat16())
 
     def half(self) -> Self:
+        """``to(torch.float16)``; keeps tags when already so."""
         return self._wrap(self._td.half())
 
     def long(self) -> Self:
+        """``to(torch.int64)``; keeps tags when already so."""
         return self._wrap(self._td.long())
 
     def float(self) -> Self:
+        """``to(torch.float32)``; keeps tags when already so."""
         return self._wrap(self._td.float())
 
     def int(self) -> Self:
+        """``to(torch.int32)``; keeps tags when already so."""
         return self._wrap(self._td.int())
 
     def bool(self) -> Self:
+        """``to(torch.bool)``; keeps tags when already so."""
         return self._wrap(self._td.bool())
 
 
@@ -444,6 +497,7 @@ class RecordAt(Generic[R]):
         self._obj = obj
 
     def __getitem__(self, index: Any) -> RecordAtIndex[R]:
+        """The scatter operations at batch index ``index``."""
         return RecordAtIndex(self._obj, index)
 
 
@@ -464,8 +518,24 @@ def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int)
 
 
 def stack(nodes: Sequence[T], dim: int = 0) -> T:
-    """Nodes, or instances of one tensorclass with equal static fields, stacked along a new batch dim
-    ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage).
+    """Nodes, or instances of one tensorclass, stacked along a new batch dim ``dim`` (``tdtree.stack``,
+    and ``torch.stack`` of nodes or instances).
+
+    Args:
+        nodes: a non-empty list or tuple of nodes with the same keys and batch size (whatever their
+            tags), or of instances of one tensorclass with equal static fields.
+        dim: the place of the new batch dim, in ``[-batch_ndim - 1, batch_ndim]``.
+
+    Returns:
+        A new node (an instance of the class, for instances) whose batch size has ``len(nodes)``
+        at ``dim``; tags dropped (new storage).
+
+    Raises:
+        ValueError: ``nodes`` is empty or not a list or tuple, or the instances' static fields differ.
+        TypeError: an item is not a node (or not an instance of the first item's class).
+        KeyMismatchError: the key sets differ (the message names the keys).
+        BatchSizeError: the batch sizes differ (the message names them).
+        BatchDimError: ``dim`` is out of range.
 
     >>> import torch, tdtree as tt
     >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
@@ -478,8 +548,29 @@ def stack(nodes: Sequence[T], dim: int = 0) -> T:
 
 
 def cat(nodes: Sequence[T], dim: int = 0) -> T:
-    """Nodes, or instances of one tensorclass with equal static fields, concatenated along batch dim
-    ``dim``; see :func:`tdtree._combine.cat`. Tags dropped (new storage)."""
+    """Nodes, or instances of one tensorclass, concatenated along batch dim ``dim`` (``tdtree.cat``,
+    and ``torch.cat`` of nodes or instances).
+
+    Args:
+        nodes: a non-empty list or tuple of nodes with the same keys and batch sizes equal except
+            at ``dim`` (whatever their tags), or of instances of one tensorclass with equal static fields.
+        dim: the batch dim to concatenate along, in ``[-batch_ndim, batch_ndim - 1]``.
+
+    Returns:
+        A new node (an instance of the class, for instances); tags dropped (new storage).
+
+    Raises:
+        ValueError: ``nodes`` is empty or not a list or tuple, or the instances' static fields differ.
+        TypeError: an item is not a node (or not an instance of the first item's class).
+        KeyMismatchError: the key sets differ (the message names the keys).
+        BatchSizeError: the batch sizes differ outside ``dim``.
+        BatchDimError: ``dim`` is out of range (a node with batch_size () has no dim to cat along).
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(2)}, batch_size=[2])
+    >>> tt.cat([td, td + 1])["x"]
+    tensor([0., 0., 1., 1.])
+    """
     return _combined("cat", _combine.cat, nodes, dim)
 
 

@@ -95,6 +95,7 @@ class Pending:
     """
 
     def __init__(self, finish: Callable[[], Any], queue: deque[Pending] | None) -> None:
+        """Made by :class:`Channel`: ``finish`` completes the transfer; receives queue in ``queue``."""
         self._finish, self._queue = finish, queue
         self._done = False
         self._result: Any = None
@@ -103,7 +104,10 @@ class Pending:
             queue.append(self)
 
     def wait(self) -> Any:
-        """Block until the transfer is done; the received node, or None for a send.
+        """Block until the transfer is done.
+
+        Returns:
+            The received node (``irecv``: new and untagged), or None for a send.
 
         Raises:
             StructureMismatchError: the message received is not the next one the peer's end of
@@ -138,9 +142,17 @@ class Channel:
     ``tag=t``; channels between the same processes at the same time need different tags.
     ``consolidated`` picks the mode as for :func:`send` (None: by structure, see the README).
 
+    Args:
+        like: a node or template of the structure every message has.
+        peer: the other process's global rank.
+        group: the process group (None: the default one).
+        tag: the channel's tag (it uses ``3 * tag`` to ``3 * tag + 2``).
+        consolidated: the mode, as for :func:`send`; both ends pass the same.
+
     Raises:
         StructureMismatchError: the two sides' nodes or modes differ (raised on both sides).
-        ValueError: ``peer`` is this process, or not in the group.
+        ValueError: ``peer`` is this process, or not in the group (or there is no default group).
+        TypeError: ``like`` is not a node.
     """
 
     def __init__(
@@ -196,6 +208,12 @@ class Channel:
 
         ``td`` is not changed, and must not be written in place before ``wait()`` returns.
 
+        Args:
+            td: a node of the channel's structure (any tags and values).
+
+        Returns:
+            A :class:`Pending` whose ``wait()`` returns None.
+
         Raises:
             StructureMismatchError: ``td``'s keys, batch sizes, shapes or dtypes differ from the
                 channel's (checked here, locally; nothing is sent and the channel stays usable).
@@ -204,7 +222,14 @@ class Channel:
         return Pending(lambda: self._sent_(works, box), None)
 
     def send(self, td: Node) -> None:
-        """Send ``td`` and return once it has left; see :meth:`isend`."""
+        """Send ``td`` and return once it has left; ``td`` is not changed.
+
+        Args:
+            td: a node of the channel's structure.
+
+        Raises:
+            StructureMismatchError: as :meth:`isend` (nothing is sent).
+        """
         self._sent_(*self._post_send(td))
 
     def _post_send(self, td: Node) -> tuple[list[Any], _Box | None]:
@@ -230,13 +255,21 @@ class Channel:
             self._outbox = box
 
     def irecv(self) -> Pending:
-        """Start receiving a node; ``wait()`` returns it: a new, untagged node of the agreed structure,
-        on the devices of the node the channel was made with, its leaves views of one buffer of its
-        own (consolidated) or tensors of their own (per-leaf)."""
+        """Start receiving a node.
+
+        Returns:
+            A :class:`Pending` whose ``wait()`` returns a new, untagged node of the agreed structure,
+            on the devices of the node the channel was made with, its leaves views of one buffer of
+            its own (consolidated) or tensors of their own (per-leaf); ``wait()`` raises
+            StructureMismatchError when the message is not the next one the peer's end sent.
+        """
         return self._post(None, [])
 
     def recv(self) -> Any:
         """A new node of the agreed structure, received; see :meth:`irecv`.
+
+        Returns:
+            A new, untagged node.
 
         Raises:
             StructureMismatchError: the message is not the next one this channel's peer sent.
@@ -249,6 +282,12 @@ class Channel:
         """Receive a node into the leaves of ``into``, in place; returns ``into``.
 
         ``into`` keeps its type, tags and storages, as with :func:`recv_`; Locked nodes work too.
+
+        Args:
+            into: a node of the channel's structure, written in place.
+
+        Returns:
+            ``into`` itself (same object, tags kept).
 
         Raises:
             StructureMismatchError: ``into`` differs from the channel's structure (checked before

@@ -38,7 +38,18 @@ def broadcast(td: Node, src: int, *, group: Any = None, consolidated: bool | Non
     On ``src``, ``td`` is the data; on the other ranks it is a template giving keys, shapes,
     dtypes and devices (its values are not read). No rank's ``td`` is changed.
 
+    Args:
+        td: the node (on ``src``) or a template of it (elsewhere).
+        src: the sending rank (a global rank).
+        group: the process group (None: the default one).
+        consolidated: True: the leaves travel packed, one buffer per dtype; False: one collective per
+            leaf; None: the faster for the structure (the same on every rank).
+
+    Returns:
+        A new, untagged node equal to ``src``'s ``td`` (on ``src`` too: a copy).
+
     Raises:
+        TypeError: ``td`` is not a node.
         StructureMismatchError: on every rank, when some rank's ``td`` differs from ``src``'s.
     """
     layout, leaves, mode, device = _plan(td, consolidated)
@@ -69,7 +80,18 @@ def all_reduce(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None, cons
     travel as one buffer per dtype (one all_reduce per dtype) and the result's leaves are views
     of it. Dtypes and ops the backend refuses raise its error (gloo: no int16).
 
+    Args:
+        td: this rank's node (every rank's has the same keys, shapes and dtypes).
+        op: a ``torch.distributed.ReduceOp``.
+        group: the process group (None: the default one).
+        consolidated: True: the leaves travel packed, one buffer per dtype; False: one collective per
+            leaf; None: the faster for the structure (the same on every rank).
+
+    Returns:
+        A new, untagged node of the reduced values, the same on every rank.
+
     Raises:
+        TypeError: ``td`` is not a node.
         StructureMismatchError: on every rank, when the ranks' nodes differ.
     """
     layout, leaves, mode, device = _plan(td, consolidated)
@@ -101,7 +123,17 @@ def all_gather(td: Node, *, group: Any = None, consolidated: bool | None = None)
     ``torch.distributed.all_gather_single``; ``result.unbind(0)`` gives the list. ``td``
     is not changed. In consolidated mode the leaves are views of the one gathered buffer.
 
+    Args:
+        td: this rank's node (every rank's has the same keys, shapes and dtypes).
+        group: the process group (None: the default one).
+        consolidated: True: the leaves travel packed, one buffer per dtype; False: one collective per
+            leaf; None: the faster for the structure (the same on every rank).
+
+    Returns:
+        A new, untagged node with batch size ``(world_size, *td.batch_size)``.
+
     Raises:
+        TypeError: ``td`` is not a node.
         StructureMismatchError: on every rank, when the ranks' nodes differ.
     """
     layout, leaves, mode, device = _plan(td, consolidated)
@@ -131,7 +163,16 @@ def reduce_scatter(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None) 
     untagged), at a ``world_size``-th of the traffic: one ``reduce_scatter_single`` per leaf (gloo
     and nccl both have it; there is no consolidated mode here). ``td`` is not changed.
 
+    Args:
+        td: this rank's node, batch size ``(world_size, ...)``.
+        op: a ``torch.distributed.ReduceOp``.
+        group: the process group (None: the default one).
+
+    Returns:
+        A new, untagged node with batch size ``td.batch_size[1:]``.
+
     Raises:
+        TypeError: ``td`` is not a node.
         StructureMismatchError: on every rank, when the ranks' nodes differ.
         BatchSizeError: on every rank, when ``td``'s first batch dim is not the world size.
     """

@@ -57,6 +57,18 @@ def run_local(
     picklable. Each collective or transfer that waits longer than ``op_timeout`` seconds raises
     in the child (so a bug cannot hang), and the whole run is stopped after ``timeout`` seconds.
 
+    Args:
+        fn: a module-level function ``fn(rank, world_size, *args)``, run in each child after it
+            joined a process group of ``world_size`` processes.
+        world_size: the number of processes.
+        *args: passed to ``fn`` (pickled to the children).
+        backend: the ``torch.distributed`` backend.
+        timeout: seconds after which the whole run is stopped.
+        op_timeout: the process group's timeout for one collective or transfer.
+
+    Returns:
+        A list of ``fn``'s results, by rank.
+
     Raises:
         RuntimeError: a child raised (the message holds its traceback), died, or the run timed out.
     """

@@ -61,6 +61,7 @@ class Transfer:
         data: list[torch.Tensor],
         post: Post | None,
     ) -> None:
+        """Made by :func:`isend` / :func:`irecv`: posts the first messages at once."""
         self._op, self._layout, self._peer, self._group, self._tags = op, layout, peer, group, tags
         self._mine, self._values = mine
         # a receiver's first message is its header alone; a sender's may carry a small node
@@ -76,15 +77,32 @@ class Transfer:
         self._result: Any = None
 
     def post_recv(self, into: torch.Tensor) -> Any:
-        """Post a receive of the sender's data into ``into``; its work."""
+        """Post a receive of the sender's data into ``into`` (used by the receiving side's ``wait``).
+
+        Args:
+            into: a contiguous tensor the data message lands in.
+
+        Returns:
+            The process group's work for the receive.
+        """
         return self._pg.recv([wire(into)], self._rank, self._tags[2])
 
     def first_bytes(self, n: int) -> torch.Tensor:
-        """The ``n`` bytes after the header in the first message received."""
+        """The ``n`` bytes after the header in the first message received (a small node's data).
+
+        Args:
+            n: the number of bytes.
+
+        Returns:
+            A uint8 view of the first message's buffer.
+        """
         return self._first[HEADER_BYTES : HEADER_BYTES + n]
 
     def wait(self) -> Any:
-        """Block until the transfer is done; the received node (``irecv``) or None (``isend``).
+        """Block until the transfer is done; may be called again (returns the same result).
+
+        Returns:
+            The received node (``irecv``: new and untagged), ``into`` (``recv_``), or None (``isend``).
 
         Raises:
             StructureMismatchError: the two sides' nodes differ (raised on both sides).
@@ -211,6 +229,22 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
     in place before ``wait()`` returns. ``consolidated`` picks the mode (None: the faster one for
     this structure, the same choice on both sides; see the README); both sides must agree.
     A transfer uses the tags ``3 * tag`` to ``3 * tag + 2`` (see :func:`._protocol.tags`).
+
+    Args:
+        td: the node to send (leaves on one device or several; any tags).
+        dst: the receiver's rank.
+        group: the process group (None: the default one); ranks are global ranks.
+        tag: tells apart transfers between the same two processes (the receiver passes the same).
+        consolidated: True: every leaf packed into one buffer per message; False: one message per
+            leaf; None: the faster for the structure (the same choice on both sides). Both sides agree.
+
+    Returns:
+        A :class:`Transfer`; its ``wait()`` returns None, and raises StructureMismatchError when
+        the receiver's node differs.
+
+    Raises:
+        TypeError: ``td`` is not a node.
+        ValueError: there is no default process group, or ``dst`` is not a rank of it.
     """
     layout, leaves = layout_of(td)
     mode = mode_of(td, layout, leaves, consolidated)
@@ -253,14 +287,37 @@ def irecv(like: Node, src: int, *, group: Any = None, tag: int = 0, consolidated
     ``like``'s devices; ``like``'s values are not read and ``like`` is not changed. In consolidated
     mode every leaf of the result is a view of one buffer: the received one for nodes over
     64 KiB (no copy), a copy of the first message's bytes for smaller ones (see :mod:`._protocol`).
+
+    Args:
+        like: a template node with the sender's keys, shapes and dtypes (values and tags may differ).
+        src: the sender's rank.
+        group: the process group (None: the default one); ranks are global ranks.
+        tag: as the sender's.
+        consolidated: True: every leaf packed into one buffer per message; False: one message per
+            leaf; None: the faster for the structure (the same choice on both sides). Both sides agree.
+
+    Returns:
+        A :class:`Transfer`; its ``wait()`` returns the received node, and raises
+        StructureMismatchError when the sender's node differs.
+
+    Raises:
+        TypeError: ``like`` is not a node.
+        ValueError: there is no default process group, or ``src`` is not a rank of it.
     """
     return _irecv("recv", like, src, group, tag, consolidated, None)
 
 
 def send(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None) -> None:
-    """Send ``td`` to rank ``dst`` and return once it has left; see :func:`isend`.
+    """Send ``td`` to rank ``dst`` and return once it has left; ``td`` is not changed.
+
+    Args:
+        td, dst, group, tag, consolidated: as in :func:`isend`.
+
+    Returns:
+        None.
 
     Raises:
+        TypeError, ValueError: as :func:`isend`.
         StructureMismatchError: the receiver's node differs in keys, shapes, dtypes or mode
             (the receiver raises it too, and uses none of the data).
     """
@@ -270,7 +327,14 @@ def send(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: b
 def recv(like: Node, src: int, *, group: Any = None, tag: int = 0, consolidated: bool | None = None) -> Any:
     """A new node shaped like ``like``, received from rank ``src``; see :func:`irecv`.
 
+    Args:
+        like, src, group, tag, consolidated: as in :func:`irecv`.
+
+    Returns:
+        A new, untagged node with ``like``'s keys, batch sizes, shapes, dtypes and devices.
+
     Raises:
+        TypeError, ValueError: as :func:`irecv`.
         StructureMismatchError: the sender's node differs in keys, shapes, dtypes or mode
             (the sender raises it too; no data is used).
     """
@@ -284,5 +348,17 @@ def recv_(into: Node, src: int, *, group: Any = None, tag: int = 0, consolidated
     other processes holding it see the values). Per-leaf mode receives straight into contiguous
     leaves; consolidated mode receives one buffer and copies it into the leaves. Works on Locked
     nodes, like the other in-place writers.
+
+    Args:
+        into: the node written; it gives the keys, shapes and dtypes the sender's node must have.
+        src, group, tag, consolidated: as in :func:`irecv`.
+
+    Returns:
+        ``into`` itself (same object, tags kept).
+
+    Raises:
+        TypeError, ValueError: as :func:`irecv`.
+        StructureMismatchError: the sender's node differs in keys, shapes, dtypes or mode (the
+            sender raises it too); nothing is written.
     """
     return _irecv("recv_", into, src, group, tag, consolidated, into).wait()

@@ -49,9 +49,10 @@ class TDModule(nn.Module):
     output tensor drops them, and a Locked node refuses (LockedError).
 
     Raises:
-        KeyNotFoundError: an in key is not in the node.
-        OutKeysError: the module returned a number of outputs that differs from
-            the number of out keys.
+        ValueError: no out key, or a key given twice in ``in_keys`` or ``out_keys``.
+        TypeError: a key is not a str or tuple of str.
+
+    Calling it raises as :meth:`forward`.
     """
 
     def __init__(
@@ -60,6 +61,7 @@ class TDModule(nn.Module):
         in_keys: NestedKey | Sequence[NestedKey],
         out_keys: NestedKey | Sequence[NestedKey],
     ) -> None:
+        """Wrap ``module`` (Args and Raises: see the class docstring)."""
         super().__init__()
         self.module = module
         self._in = _paths(in_keys, "in_keys")
@@ -70,6 +72,26 @@ class TDModule(nn.Module):
         self.out_keys: list[NestedKey] = [display(p) for p in self._out]
 
     def forward(self, td: Node) -> Node:
+        """The node with the module's output written at each out key (what ``tdmodule(td)`` runs).
+
+        Args:
+            td: a node holding the ``in_keys``.
+
+        Returns:
+            ``td.set(out_key, output)`` for every out key: a new node (``td`` is unchanged); tags
+            by the rule of ``set``, so a new output tensor drops them.
+
+        Raises:
+            KeyNotFoundError: an in key is not in the node.
+            OutKeysError: the module returned a number of outputs that differs from the number of out keys.
+            LockedError: ``td`` is Locked.
+
+        >>> import torch, tdtree as tt
+        >>> from tdtree.nn import TDModule
+        >>> policy = TDModule(torch.nn.Linear(3, 2), in_keys="obs", out_keys=("action", "logits"))
+        >>> policy(tt.TensorDict({"obs": torch.zeros(4, 3)}, batch_size=[4]))["action", "logits"].shape
+        torch.Size([4, 2])
+        """
         # _modules directly: nn.Module.__getattr__'s fallback costs a microsecond per call
         module: Any = self._modules["module"]
         ins = self._in
@@ -95,6 +117,7 @@ class TDModule(nn.Module):
         return td
 
     def extra_repr(self) -> str:
+        """The keys, for ``repr``."""
         return f"in_keys={self.in_keys}, out_keys={self.out_keys}"
 
 
@@ -145,9 +168,12 @@ class TDSequential(nn.Module):
 
     Raises:
         KeyNotFoundError: a selected key is not among ``out_keys``.
+        TypeError: a member has no ``in_keys`` / ``out_keys`` (wrap it in a TDModule).
+        ValueError: ``selected_out_keys`` names a key twice.
     """
 
     def __init__(self, *modules: nn.Module, selected_out_keys: Sequence[NestedKey] | None = None) -> None:
+        """Chain ``modules`` (Args and Raises: see the class docstring)."""
         super().__init__()
         ins: list[tuple[str, ...]] = []
         outs: list[tuple[str, ...]] = []
@@ -184,6 +210,18 @@ class TDSequential(nn.Module):
             self._drop = tuple((p, _tops(p, selected)) for p in outs if p not in selected)
 
     def forward(self, td: Node) -> Node:
+        """The node after every member, in order (what ``tdsequential(td)`` runs).
+
+        Args:
+            td: a node holding the ``in_keys``.
+
+        Returns:
+            A new node (``td`` is unchanged) with the members' outputs, less the intermediate keys
+            when ``selected_out_keys`` is set; tags by the rule of ``set`` and ``exclude``.
+
+        Raises:
+            KeyNotFoundError, OutKeysError, LockedError: as :meth:`TDModule.forward`.
+        """
         out = td
         for module in self._modules.values():
             if module is not None:  # torch allows None children; the constructor adds none
@@ -204,12 +242,25 @@ class TDSequential(nn.Module):
         return self._members()[index]
 
     def __len__(self) -> int:
+        """The number of members."""
         return len(self._modules)
 
     def select_out_keys(self, *keys: NestedKey) -> TDSequential:
-        """A TDSequential of the same members whose output keeps only ``keys`` of the written ones."""
+        """A TDSequential of the same members whose output keeps only ``keys`` of the written ones.
+
+        Args:
+            *keys: keys among ``out_keys`` (str or tuple of str).
+
+        Returns:
+            A new TDSequential sharing the members (and so their parameters); this one is unchanged.
+
+        Raises:
+            KeyNotFoundError: a key is not among ``out_keys``.
+            ValueError: a key is named twice.
+        """
         return TDSequential(*self._members(), selected_out_keys=keys)
 
     def extra_repr(self) -> str:
+        """The keys, for ``repr``."""
         selected = "" if self.selected_out_keys is None else f", selected_out_keys={self.selected_out_keys}"
         return f"in_keys={self.in_keys}, out_keys={self.out_keys}{selected}"

@@ -150,9 +150,13 @@ def _tie(module: nn.Module, flat: dict[str, torch.Tensor]) -> None:
 def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: Any, **kwargs: Any) -> Any:
     """``module(*args, **kwargs)`` computed with the tensors of ``params`` in place of its own.
 
-    ``params`` is a node laid out as :func:`from_module` returns it, or a tuple
-    of such nodes (``(params, buffers)``). Entries it lacks fall back to the
-    module's own tensors (torch's ``strict=False``). The module is not changed.
+    Args:
+        module: any ``nn.Module``; it is not changed.
+        params: a node laid out as :func:`from_module` returns it, or a tuple of such nodes
+            (``(params, buffers)``). Entries it lacks fall back to the module's own tensors
+            (torch's ``strict=False``).
+        *args, **kwargs: the module's arguments.
+
     A thin layer over ``torch.func.functional_call``, so ``torch.func.grad``,
     ``vmap`` and ``torch.compile`` see through it; gradients come back as a node
     of the same layout.
@@ -164,6 +168,12 @@ def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: A
     Returns:
         Whatever the module returns (a TDModule returns a node; tags follow the
         rule inside it).
+
+    >>> import torch, tdtree as tt
+    >>> m = nn.Linear(2, 1)
+    >>> p = from_module(m).apply(torch.zeros_like)
+    >>> functional_call(m, p, torch.ones(3, 2)).flatten().tolist()
+    [0.0, 0.0, 0.0]
     """
     flat: dict[str, torch.Tensor] = {}
     for node in params if isinstance(params, tuple) else (params,):

@@ -188,6 +188,18 @@ def assert_equal(
     switches turn off one comparison each; with ``check_dtype=False`` values
     are compared after type promotion, with ``check_device=False`` on the CPU.
 
+    Args:
+        actual: a node, tensorclass, tensor, or a list, tuple or dict of them.
+        expected: the same kind (a plain dict may stand for a node).
+        equal_nan: NaN counts equal to NaN.
+        check_tags, check_batch_size, check_device, check_dtype: compare each (all on by default).
+
+    Returns:
+        None, when they are equal.
+
+    Raises:
+        AssertionError: naming the first key where they differ and how.
+
     Example:
         >>> import torch, tdtree as tt
         >>> from tdtree.testing import assert_equal
@@ -218,6 +230,25 @@ def assert_close(
     ``rtol`` / ``atol`` default per dtype to torch.testing.assert_close's
     values (float32: 1.3e-6 / 1e-5; float64: 1e-7 / 1e-7; integers and bool:
     exact); give both to override.
+
+    Args:
+        actual: a node, tensorclass, tensor, or a list, tuple or dict of them.
+        expected: the same kind (a plain dict may stand for a node).
+        equal_nan: NaN counts equal to NaN.
+        check_tags, check_batch_size, check_device, check_dtype: compare each (all on by default).
+        rtol, atol: the tolerances (both or neither).
+
+    Returns:
+        None, when they are close.
+
+    Raises:
+        AssertionError: naming the first key where they differ and how.
+        ValueError: only one of ``rtol`` / ``atol`` is given.
+
+    >>> import torch, tdtree as tt
+    >>> from tdtree.testing import assert_close
+    >>> td = tt.TensorDict({"x": torch.ones(2)})
+    >>> assert_close(td, td + 1e-7)
     """
     if (rtol is None) != (atol is None):
         raise ValueError("assert_close: give both rtol and atol, or neither (the dtype's defaults)")

@@ -22,7 +22,11 @@ __all__ = ["tdtree_memmap_dir", "tdtree_memmap", "tdtree_shared"]
 @pytest.fixture
 def tdtree_memmap_dir() -> Iterator[Path]:
     """A fresh, empty directory for memmap prefixes, removed with everything in it after the test
-    (unlike ``tmp_path``, which pytest keeps for three runs: memmap files can be large)."""
+    (unlike ``tmp_path``, which pytest keeps for three runs: memmap files can be large).
+
+    Yields:
+        The directory's ``Path``.
+    """
     where = Path(tempfile.mkdtemp(prefix="tdtree-memmap-"))
     try:
         yield where
@@ -33,7 +37,14 @@ def tdtree_memmap_dir() -> Iterator[Path]:
 @pytest.fixture
 def tdtree_memmap(tdtree_memmap_dir: Path) -> Callable[[Any], Any]:
     """``memmap(node)``: ``node.memmap(prefix)`` under a new prefix in :func:`tdtree_memmap_dir`
-    (tagged ``{Memmap, Locked}``); the files are removed after the test."""
+    (tagged ``{Memmap, Locked}``); the files are removed after the test.
+
+    Args:
+        tdtree_memmap_dir: the fixture above (pytest passes it).
+
+    Returns:
+        The function ``memmap(node)``, returning the memmapped node.
+    """
     count = iter(range(1 << 30))
 
     def memmap(node: Any) -> Any:
@@ -46,7 +57,11 @@ def tdtree_memmap(tdtree_memmap_dir: Path) -> Callable[[Any], Any]:
 def tdtree_shared() -> Iterator[Callable[[Any], Any]]:
     """``share(node)``: ``node.share_memory()`` (tagged ``{Shared, Locked}``). After the test the
     fixture drops its references and collects garbage, so the shared memory segments are freed
-    unless the test kept the node alive elsewhere (a worker still holding it, a global)."""
+    unless the test kept the node alive elsewhere (a worker still holding it, a global).
+
+    Yields:
+        The function ``share(node)``, returning the shared copy.
+    """
     made: list[Any] = []
 
     def share(node: Any) -> Any:

@@ -114,7 +114,24 @@ def _snapshot(args: tuple[Any, ...]) -> tuple[Any, list[tuple[tuple[Any, ...], A
 
 def assert_pure(fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, after checking it left ``args`` as they were: the same structure (keys, batch sizes,
-    tags), the same leaf objects, each leaf's ``_version`` and its values bit for bit."""
+    tags), the same leaf objects, each leaf's ``_version`` and its values bit for bit.
+
+    Args:
+        fn: the function under test.
+        *args: its arguments (nodes, tensorclasses, tensors, containers of them).
+
+    Returns:
+        What ``fn`` returned.
+
+    Raises:
+        LawError: naming the first change found and the arguments.
+
+    >>> import torch, tdtree as tt
+    >>> from tdtree.testing.laws import assert_pure
+    >>> td = tt.TensorDict({"x": torch.zeros(2)})
+    >>> assert_pure(lambda t: t + 1, td)["x"]
+    tensor([1., 1.])
+    """
     structure, before = _snapshot(args)
     drawn = example_text(args)  # the values as drawn, before fn could change them
     out = fn(*args)
@@ -146,7 +163,16 @@ def assert_pure(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def check_pure(fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, settings: Settings = None) -> None:
-    """Over ``strategy``'s draws, ``fn`` leaves its inputs unchanged (see :func:`assert_pure`)."""
+    """Over ``strategy``'s draws, ``fn`` leaves its inputs unchanged (see :func:`assert_pure`).
+
+    Args:
+        fn: the function under test.
+        strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
+        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+
+    Raises:
+        LawError: for the (shrunk) example where the law fails.
+    """
     run_law("check_pure", fn, strategy, lambda data, args: assert_pure(fn, *args), settings)
 
 
@@ -223,6 +249,17 @@ def assert_tags(fn: Callable[..., Any], *args: Any, rule: bool = True) -> Any:
     otherwise. Pass ``rule=False`` for functions that make tags (``lock``,
     ``share_memory``, ``memmap``, ``unlock``) or build nodes from leaves (which
     carry no tags by design).
+
+    Args:
+        fn: the function under test.
+        *args: its arguments.
+        rule: also check the tags against the storage rule.
+
+    Returns:
+        What ``fn`` returned.
+
+    Raises:
+        LawError: naming the result and the false claim, or the tags the rule gives.
     """
     inputs = _node_inputs(args)
     known = {_storage(x) for node in inputs for x in tree.leaves(node) if isinstance(x, torch.Tensor)}
@@ -259,5 +296,15 @@ def check_tags(
     fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, rule: bool = True, settings: Settings = None
 ) -> None:
     """Over ``strategy``'s draws (tagged ones: ``tensordicts(tags=True)``), every claim of ``fn``'s results'
-    tags is true and, with ``rule``, the tags follow the storage rule (see :func:`assert_tags`)."""
+    tags is true and, with ``rule``, the tags follow the storage rule (see :func:`assert_tags`).
+
+    Args:
+        fn: the function under test.
+        strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
+        rule: also check the tags against the storage rule.
+        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+
+    Raises:
+        LawError: for the (shrunk) example where the law fails.
+    """
     run_law("check_tags", fn, strategy, lambda data, args: assert_tags(fn, *args, rule=rule), settings)

@@ -38,7 +38,12 @@ def _at_least(tags: frozenset) -> Any:
 
 
 def register_strategies() -> None:
-    """Register the strategies above with ``st.register_type_strategy`` (once per process)."""
+    """Register the strategies with ``st.register_type_strategy`` (once per process; later calls return).
+
+    Afterwards ``st.from_type(tt.TensorDict)`` draws :func:`tensordicts`, ``st.from_type(TensorDict[Locked])``
+    nodes carrying at least those tags, and ``st.from_type(MyTensorClass)`` :func:`tensorclasses` (also for
+    tensorclasses defined later). Returns None.
+    """
     if _done:
         return
     _done.append(True)

@@ -20,12 +20,28 @@ NAMES = st.text(alphabet="abcdefgh", min_size=1, max_size=3)
 def batch_sizes(
     min_dims: int = 0, max_dims: int = 3, min_side: int = 0, max_side: int = 4
 ) -> st.SearchStrategy[torch.Size]:
-    """Batch sizes of ``min_dims`` to ``max_dims`` dims, each of ``min_side`` to ``max_side``."""
+    """Batch sizes of ``min_dims`` to ``max_dims`` dims, each of ``min_side`` to ``max_side``.
+
+    Args:
+        min_dims, max_dims: the range of the number of dims.
+        min_side, max_side: the range of each dim's size.
+
+    Returns:
+        A strategy of ``torch.Size``.
+    """
     return st.lists(st.integers(min_side, max_side), min_size=min_dims, max_size=max_dims).map(torch.Size)
 
 
 def nested_keys(max_depth: int = 3, names: st.SearchStrategy[str] = NAMES) -> st.SearchStrategy[Any]:
-    """Keys: a str, or a tuple of 1 to ``max_depth`` str."""
+    """Keys: a str, or a tuple of 1 to ``max_depth`` str.
+
+    Args:
+        max_depth: the longest tuple.
+        names: the strategy for each part (default: 1 to 3 letters of ``a``..``h``).
+
+    Returns:
+        A strategy of keys (str or tuple of str).
+    """
     return st.one_of(names, st.lists(names, min_size=1, max_size=max_depth).map(tuple))
 
 
@@ -230,6 +246,18 @@ def tensordicts(
     Returns:
         A strategy of :class:`TensorDict`; hypothesis shrinks over keys, shapes, dtypes and tags
         (values come from a drawn seed).
+
+    Raises:
+        ValueError: an unknown ``elements``, no ``dtypes``, a key in ``keys`` that is not a key or
+            is both a leaf and a sub-node, or a tag set no node can carry.
+
+    >>> from hypothesis import given, settings
+    >>> from tdtree.testing import tensordicts
+    >>> @given(tensordicts(batch_size=[3]))
+    ... @settings(max_examples=10)
+    ... def test_double(td):
+    ...     assert (td + td).batch_size == td.batch_size
+    >>> test_double()
     """
     opt = _Options(
         pinned=None if keys is None else _pinned(keys),
@@ -323,7 +351,16 @@ def same_structure(value: Any, *, elements: str = "normal") -> st.SearchStrategy
     batch sizes, device, tags, static fields, leaf shapes, dtypes, strides and storage offsets, and
     the same aliasing (leaves that share a storage in ``value`` share one new storage); tagged nodes
     are made as the strategies make them (``lock()``, ``share_memory()``, ``memmap()``).
-    ``elements`` as in :func:`tensordicts`.
+
+    Args:
+        value: a node, tensorclass, tensor, or a tuple or list of them.
+        elements: as in :func:`tensordicts`.
+
+    Returns:
+        A strategy of values like ``value``.
+
+    Raises:
+        ValueError: an unknown ``elements``.
     """
     if elements not in ELEMENTS:
         raise ValueError(f"elements={elements!r}: choose one of {ELEMENTS}")

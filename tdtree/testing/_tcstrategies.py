@@ -167,8 +167,13 @@ def tensorclasses(
         fields: a strategy per field name, or a function of the batch size returning one, for
             fields whose annotation says too little (``Any``) or too much.
 
+    Returns:
+        A strategy of ``cls`` instances (hypothesis's ``st.from_type(cls)`` gives it too).
+
     Raises:
-        TypeError: naming a field whose annotation cannot be drawn (pass it in ``fields``).
+        TypeError: ``cls`` is not a tensorclass, or naming a field whose annotation cannot be
+            drawn (pass it in ``fields``).
+        ValueError: an unknown ``elements``.
     """
     if not (isinstance(cls, type) and issubclass(cls, TensorClass)):
         raise TypeError(f"tensorclasses: {cls!r} is not a tensorclass")

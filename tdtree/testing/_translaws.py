@@ -60,6 +60,16 @@ def assert_compiles(
 
     Dynamo's caches are reset first (``torch.compiler.reset()``), so that each
     call starts from nothing. A failure reports the frames compiled and graph breaks counted.
+
+    Args:
+        fn: the function under test.
+        args: a tuple of arguments.
+        again: a second tuple of arguments of the same structure.
+        backend: the ``torch.compile`` backend (``"aot_eager"`` / ``"eager"`` check tracing only).
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+
+    Raises:
+        LawError: compiling failed, the results differ from eager, or ``again`` recompiled.
     """
     torch.compiler.reset()
     counter = compile_counter(backend)
@@ -109,6 +119,16 @@ def check_compiles(
     generation. Each example compiles afresh (a second or more), so without ``settings`` the law
     draws at most ``COMPILE_EXAMPLES`` (20) examples and reports the first failure unshrunk
     (shrinking would compile hundreds of times); pass ``settings=`` to choose.
+
+    Args:
+        fn: the function under test.
+        strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
+        backend: the ``torch.compile`` backend.
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+
+    Raises:
+        LawError: for the first example where the law fails.
     """
     if settings is None:
         default = hypothesis.settings()  # the current profile's
@@ -161,7 +181,17 @@ def assert_vmap(
     Nodes and tensors are mapped (``in_dims`` per argument, or one for all); other arguments are passed
     as they are. Tags are not compared here (that is :func:`assert_tags`' law).
 
+    Args:
+        fn: the function under test.
+        *args: its arguments.
+        in_dims: the mapped dim per argument (a tuple), or one for all; None: unmapped.
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+
+    Returns:
+        What the mapped function returned.
+
     Raises:
+        LawError: the results differ (naming the key).
         ValueError: no argument has a mapped dim of size 1 or more (draw with
             ``batch_size=batch_sizes(min_dims=1, min_side=1)``).
     """
@@ -199,7 +229,19 @@ def check_vmap(
     atol: float | None = None,
     settings: Settings = None,
 ) -> None:
-    """Over ``strategy``'s draws, ``tdtree.vmap(fn)`` equals ``fn`` stacked over the slices (see :func:`assert_vmap`)."""
+    """Over ``strategy``'s draws, ``tdtree.vmap(fn)`` equals ``fn`` stacked over the slices (see :func:`assert_vmap`).
+
+    Args:
+        fn: the function under test.
+        strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
+        in_dims: as in :func:`assert_vmap`.
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+
+    Raises:
+        LawError: for the (shrunk) example where the law fails.
+        ValueError: as :func:`assert_vmap`.
+    """
     run_law(
         "check_vmap",
         fn,
@@ -228,8 +270,19 @@ def assert_grad(
     ``atol + rtol * |fd|`` plus the rounding error of ``L`` divided by ``eps``. Inputs must be float64 (draw with
     ``dtypes=(torch.float64, ...)``); other leaves pass through undifferentiated.
 
+    Args:
+        fn: the function under test.
+        *args: its arguments; floating leaves must be float64.
+        seed: seeds the weights and directions.
+        eps: the finite-difference step.
+        rtol, atol: the tolerances of the comparison.
+
     Returns:
         The gradients, one per floating input leaf, in leaf order.
+
+    Raises:
+        LawError: a gradient differs from the finite differences (naming the leaf).
+        ValueError: a floating input leaf is not float64.
     """
     leaves, spec = tree.flatten(args)
     where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.is_floating_point()]
@@ -285,7 +338,18 @@ def check_grad(
     settings: Settings = None,
 ) -> None:
     """Over ``strategy``'s (float64) draws, ``torch.func.grad`` through ``fn`` matches finite differences
-    (see :func:`assert_grad`); the weights and directions come from a drawn seed."""
+    (see :func:`assert_grad`); the weights and directions come from a drawn seed.
+
+    Args:
+        fn: the function under test.
+        strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
+        eps, rtol, atol: as in :func:`assert_grad`.
+        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+
+    Raises:
+        LawError: for the (shrunk) example where the law fails.
+        ValueError: as :func:`assert_grad`.
+    """
 
     def check(data: Any, args: tuple[Any, ...]) -> None:
         seed = data.draw(st.integers(0, 2**20), label="seed")

@@ -31,7 +31,11 @@ SPECIAL_RATES = (0.0, 0.2, 0.5, 1.0)
 
 
 def available_devices() -> tuple[torch.device, ...]:
-    """The CPU, and each CUDA device when CUDA is available: the ``devices=`` that reaches every device here."""
+    """The CPU, and each CUDA device when CUDA is available: the ``devices=`` that reaches every device here.
+
+    Returns:
+        A tuple of ``torch.device``, the CPU first.
+    """
     cuda = tuple(torch.device("cuda", i) for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
     return (torch.device("cpu"), *cuda)
 
