@@ -457,13 +457,17 @@ class TensorDict(Node):
             exponent: a number, a tensor aligned with the batch dims, or a node paired by key.
 
         Returns:
-            A new node; tags dropped (new storage). NotImplemented for an exponent of another type.
+            A new node; tags dropped (new storage).
 
         Raises:
+            TypeError: ``exponent`` is none of those.
             KeyMismatchError: ``exponent`` is a node with other keys.
             BatchSizeError: the batch sizes do not fit.
         """
-        return _ops.pow(self, exponent)
+        out = _ops.pow(self, exponent)
+        if out is NotImplemented:  # the operator's answer, which a named method must not return
+            raise TypeError(f"pow takes a number, tensor or node as exponent, got {type(exponent).__name__}")
+        return out
 
     def where(self, condition: Any, other: Any) -> TensorDict:
         """``tdtree.where(condition, self, other)``: ``self`` where ``condition`` holds, else ``other``.

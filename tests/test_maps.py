@@ -254,6 +254,12 @@ def test_clamp_and_pow():
     assert_equal(td.pow(2), leafwise(lambda x: x**2, td))
 
 
+def test_pow_of_an_unsupported_exponent_raises_type_error():
+    # the method, unlike the ``**`` operator it shares a body with, cannot hand back NotImplemented
+    with pytest.raises(TypeError, match="pow takes a number, tensor or node as exponent, got str"):
+        nested().pow("x")
+
+
 def test_clamp_without_bounds_is_torch_error():
     with pytest.raises(RuntimeError, match="At least one of 'min' or 'max' must not be None"):
         nested().clamp()

@@ -81,6 +81,8 @@ def test_pow_method() -> None:
     rec = make_rec()
     assert_fields(rec.pow(2), rec.x**2, rec.inner.y**2)
     assert_fields(rec.pow(rec), rec.x**rec.x, rec.inner.y**rec.inner.y)
+    with pytest.raises(TypeError, match="got str"):
+        rec.pow("x")
 
 
 @pytest.mark.parametrize("name", ["amax", "amin"])

@@ -86,6 +86,30 @@ def test_assertions_import_without_hypothesis():
     assert run.stdout.split() == ["tdtree", "ok", "assert", "ok"], run.stderr
 
 
+@pytest.mark.parametrize("name", ["tensordicts", "check_pure", "tensorclasses", "register_strategies"])
+def test_strategies_and_laws_are_reached_in_a_fresh_process(name):
+    # a fresh process, hypothesis not yet imported: the first strategy or law reached imports it, and its
+    # entry-point hook must find tdtree's strategies whole (in the suite another test imported it first)
+    code = (
+        "import sys, tdtree as tt, tdtree.testing as T; assert 'hypothesis' not in sys.modules; "
+        f"assert callable(T.{name}); from hypothesis import strategies as st; "
+        "print(type(st.from_type(tt.TensorDict).example()).__name__.startswith('TensorDict'))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.stdout.split() == ["True"], run.stderr
+
+
+def test_registration_module_imported_before_hypothesis_registers_once_done():
+    # importing it starts hypothesis's import, which runs the entry-point hook while it is half-imported
+    code = (
+        "import sys, tdtree as tt, tdtree.testing._register as R; assert 'hypothesis' in sys.modules; "
+        "R.register_strategies(); from hypothesis import strategies as st; "
+        "print(type(st.from_type(tt.TensorDict).example()).__name__.startswith('TensorDict'))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.stdout.split() == ["True"], run.stderr
+
+
 @pytest.mark.parametrize("name", ["tensordicts", "check_pure", "tensorclasses"])
 def test_strategies_and_laws_are_reached_from_the_package(name):
     import tdtree.testing as T

@@ -1,7 +1,7 @@
 """Registration with hypothesis: ``st.from_type(tt.TensorDict)`` and ``st.from_type(MyTensorClass)``.
 
 hypothesis runs every function of the ``hypothesis`` entry-point group when it
-is imported; tdtree's (in pyproject.toml) is :func:`_hypothesis_setup_hook`, so
+is imported; tdtree's (in pyproject.toml) is :func:`tdtree.testing._hook._hypothesis_setup_hook`, so
 installing tdtree is enough. Importing ``tdtree.testing``'s strategies
 registers too, for installs whose entry points are stale.
 
@@ -27,7 +27,7 @@ from ._strategies import tensordicts
 from ._tagging import TAG_SETS
 from ._tcstrategies import tensorclasses
 
-__all__ = ["register_strategies", "_hypothesis_setup_hook"]
+__all__ = ["register_strategies"]
 
 _done: list[bool] = []
 
@@ -52,8 +52,3 @@ def register_strategies() -> None:
         if tags:
             st.register_type_strategy(TensorDict[tuple(tags)], _at_least(tags))  # type: ignore[misc]
     watch(lambda cls: st.register_type_strategy(cls, tensorclasses))
-
-
-def _hypothesis_setup_hook() -> None:
-    """hypothesis's plugin hook (the ``hypothesis`` entry point)."""
-    register_strategies()
