@@ -1,50 +1,70 @@
-"""Operations on keys: lookup, the functional editors, select/exclude, flatten/unflatten.
+"""The functional editors: set, update, rename, flatten/unflatten, and from_dict.
 
-Every function takes a node and returns a new one (or a lookup result); the
-editors copy only the path to what they change, reusing every other sub-node
-and tensor.
+Every editor takes a node and returns a new one, copying only the nodes on the
+path to what it changes and reusing every other sub-node and tensor. Values
+handed in are validated here (``_validate.entry``); what comes out of the node
+itself was validated when it entered and is reused as it is. Results are built
+untagged by the factories of ``_base``; the ``tag_rule`` wrapper of each editor
+decides their tags. Lookups, the key views and select / exclude live in
+:mod:`tdtree._lookup`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, KeysView, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from ._base import NO_TAGS, Node, NodeT, make, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
+from ._lookup import (
+    MISSING,
+    contains,
+    exclude,
+    exclude_paths,
+    get,
+    items,
+    keys,
+    path_nodes,
+    rebuilt,
+    select,
+    to_dict,
+    values,
+    walk,
+    without,
+)
 from ._tags import Locked, retag, tag_rule
 from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
-from .errors import BatchSizeError, KeyCollisionError, KeyNotFoundError, LockedError, NotANodeKeyError
+from .errors import BatchSizeError, KeyCollisionError, LockedError
 
 __all__ = [
+    # the lookups and select / exclude (tdtree._lookup), for the modules that import them from here
     "MISSING",
-    "check_unlocked",
-    "check_unlocked_tree",
     "get",
     "contains",
     "walk",
     "keys",
     "values",
     "items",
+    "to_dict",
+    "select",
+    "exclude",
+    "exclude_paths",
+    # the editors
+    "check_unlocked",
+    "check_unlocked_tree",
     "set_entry",
     "set_path",
     "setdefault",
     "update",
-    "select",
-    "exclude",
-    "exclude_paths",
     "rename",
     "flatten_keys",
     "unflatten_keys",
-    "to_dict",
     "from_dict",
 ]
 
-MISSING: Any = object()
 _ABSENT: Any = object()
-_ALL = object()
 
 
 def check_unlocked(node: Node, op: str, path: tuple[str, ...] = ()) -> None:
@@ -72,139 +92,19 @@ def _check_path_unlocked(node: Node, path: tuple[str, ...], op: str) -> None:
         level = level._data.get(part)
         if not isinstance(level, Node):
             return
-        check_unlocked(level, op, path[: depth + 1])
-
-
-def _not_found(path: tuple[str, ...], depth: int, level: Node) -> KeyNotFoundError:
-    return KeyNotFoundError(display(path), [display((*path[:depth], k)) for k in level._data])
-
-
-def get(node: Node, key: NestedKey, default: Any = MISSING) -> Any:
-    """The entry at ``key`` (str or tuple of str); ``default`` when missing, else KeyNotFoundError."""
-    # One walk that checks as it goes (each part an exact str, each value on the way a node), with
-    # the lookup a plain subscript: checking the whole key with as_path first, then walking with
-    # dict.get, cost three times a chain of dict lookups on a deep key. Any stop (a part that is not
-    # a str, a leaf on the way, a missing key, no key at all) goes to as_path and _missing below,
-    # which raise the exact error, so the walk only has to be right when it finishes.
-    value: Any = node
-    if type(key) is tuple and key:
-        try:
-            for part in key:
-                if type(part) is not str or not isinstance(value, Node):
-                    break
-                value = value._data[part]
-            else:
-                return value
-        except KeyError:
-            pass
-    elif type(key) is str:
-        value = node._data.get(key, MISSING)
-        if value is not MISSING:
-            return value
-    path = as_path(key)
-    if default is not MISSING:
-        return default
-    raise _missing(node, path)
-
-
-def _missing(node: Node, path: tuple[str, ...]) -> KeyError:
-    """The error for a ``path`` that does not lead to an entry: where the walk stopped, and why."""
-    value: Any = node
-    for depth, part in enumerate(path):
-        if not isinstance(value, Node):
-            return NotANodeKeyError(display(path), display(path[:depth]))
-        level = value
-        value = level._data.get(part, MISSING)
-        if value is MISSING:
-            return _not_found(path, depth, level)
-    raise AssertionError(f"{display(path)!r} leads to an entry: get() asks for an error only when it does not")
-
-
-def contains(node: Node, key: object) -> bool:
-    """True when ``key`` names an entry (a leaf or a sub-node)."""
-    if type(key) is str:
-        return key in node._data
-    return type(key) is tuple and len(key) > 0 and get(node, key, _ABSENT) is not _ABSENT
-
-
-def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[NestedKey, Any]]:
-    """(key, value) pairs depth first in canonical order, a sub-node's key before its children's."""
-    out: list[tuple[NestedKey, Any]] = []
-
-    def visit(level: Node, prefix: tuple[str, ...]) -> None:
-        for k, v in level._data.items():
-            # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
-            # its str, spelled where it is appended (a local holding it cost more)
-            path = prefix + (k,)
-            if isinstance(v, Node):
-                if not leaves_only:
-                    out.append((path if prefix else k, v))
-                if include_nested:
-                    visit(v, path)
-            else:
-                out.append((path if prefix else k, v))
-
-    visit(node, ())
-    return out
-
-
-class NestedKeysView(KeysView):
-    """The keys of a node as a set-like view; membership is a lookup, not a walk."""
-
-    __slots__ = ("_node", "_nested", "_leaves", "_keys")
-
-    def __init__(self, node: Node, include_nested: bool, leaves_only: bool) -> None:
-        self._node, self._nested, self._leaves = node, include_nested, leaves_only
-        self._keys: list[NestedKey] | None = None
-
-    def _list(self) -> list[NestedKey]:
-        if self._keys is None:
-            self._keys = [k for k, _ in walk(self._node, self._nested, self._leaves)]
-        return self._keys
-
-    def __contains__(self, key: object) -> bool:
-        if type(key) is tuple and len(key) > 1 and not self._nested:
-            return False
-        value = get(self._node, key, _ABSENT) if (type(key) is str or type(key) is tuple) and key else _ABSENT
-        return value is not _ABSENT and not (self._leaves and isinstance(value, Node))
-
-    def __iter__(self) -> Iterator[NestedKey]:
-        return iter(self._list())
-
-    def __len__(self) -> int:
-        return len(self._list())
-
-    def __repr__(self) -> str:
-        return f"NestedKeysView({self._list()!r})"
-
-
-def keys(node: Node, include_nested: bool = False, leaves_only: bool = False) -> KeysView[NestedKey]:
-    """Keys in canonical order; nested ones as tuples, a sub-node's key before its children's."""
-    if not include_nested and not leaves_only:
-        return node._data.keys()
-    return NestedKeysView(node, include_nested, leaves_only)
-
-
-def values(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Collection[Any]:
-    """Values in the order of :meth:`keys` with the same flags."""
-    if not include_nested and not leaves_only:
-        return node._data.values()
-    return [v for _, v in walk(node, include_nested, leaves_only)]
-
-
-def items(node: Node, include_nested: bool = False, leaves_only: bool = False) -> Collection[tuple[NestedKey, Any]]:
-    """(key, value) pairs in the order of :meth:`keys` with the same flags."""
-    if not include_nested and not leaves_only:
-        return node._data.items()
-    return walk(node, include_nested, leaves_only)
+        tags = level._meta[3]
+        if tags and Locked in tags:  # told inline: the key is spelled only for the error
+            raise LockedError(op, display(path[: depth + 1]))
 
 
 def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: Any, op: str) -> NodeT:
     """``node`` (at ``full[:-len(path)]`` below the root edited) with ``value`` at ``path``: the nodes on
     the path rebuilt, each refused with LockedError naming ``op`` when Locked."""
+    # A recursion, not a walk down and a loop back up: at the depths keys have, the walk's list, zip and
+    # reversed slices cost more than the calls.
     head = path[0]
     old = node._data
-    _, batch_size, device, tags = node._meta
+    order, batch_size, device, tags = node._meta
     if tags and Locked in tags:
         depth = len(full) - len(path)
         raise LockedError(op, display(full[:depth]) if depth else None)
@@ -220,15 +120,16 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
             raise KeyCollisionError(f"cannot set {display(full)!r}: {display(full[:depth])!r} is a tensor, not a node")
         else:
             new[head] = _set_path(child, path[1:], full, value, op)
-    keys = node._meta[0]
-    if head not in old and keys and head < keys[-1]:
-        # A new key before the last one went in last: moving the keys after it behind it, in their
-        # (sorted) order, restores canonical order without sorting and rebuilding the whole dict.
-        for k in keys:
-            if k > head:
-                new[k] = new.pop(k)
     if device is None:  # with a device, entry() moved the value there: nothing to settle
         new, device = settle_device(new, device)
+    if head in old:  # a replaced entry: the keys, and so the node's key tuple, are the same
+        return with_meta(type(node), new, (order, batch_size, device, NO_TAGS))
+    if order and head < order[-1]:
+        # A new key before the last one went in last: moving the keys after it behind it, in their
+        # (sorted) order, restores canonical order without sorting and rebuilding the whole dict.
+        for k in order:
+            if k > head:
+                new[k] = new.pop(k)
     return make(type(node), new, batch_size, device)
 
 
@@ -258,12 +159,23 @@ def _chain(
 
 @tag_rule
 def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
-    """A new node with ``value`` at ``key``; missing intermediate nodes are created.
+    """A new node with ``value`` at ``key``; missing sub-nodes on the way are created.
 
-    Refused on a Locked node, or one whose sub-node on the path to ``key`` is
-    Locked (LockedError naming it). Tags: kept only when ``value`` uses a storage
-    the node already used (the rule); a node given as ``value`` is put in untagged
-    and the rule decides the whole result.
+    Args:
+        node: The node (``self`` as a method).
+        key: A str, or a tuple of str for a nested key.
+        value: A tensor whose shape starts with the batch size of the node that holds it (moved to
+            the node's device, when it has one), a node (put in untagged), or a dict (made a node).
+
+    Returns:
+        A new node; only the nodes on the path to ``key`` are new, every other entry is reused. Tags
+        are kept only when ``value`` uses a storage the node already used (the rule).
+
+    Raises:
+        TypeError: ``key`` is not a key, or ``value`` is not a tensor, node or dict.
+        BatchSizeError: ``value``'s shape does not start with the batch size where it goes.
+        KeyCollisionError: a part of ``key`` before the last names a tensor.
+        LockedError: the node, or a sub-node on the path to ``key``, is Locked (named).
     """
     path = as_path(key)
     return _set_path(node, path, path, value, "set")
@@ -289,7 +201,7 @@ def setdefault(node: NodeT, key: NestedKey, default: Any) -> NodeT:
 
 def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ...]) -> NodeT:
     old = node._data
-    _, batch_size, device, tags = node._meta
+    order, batch_size, device, tags = node._meta
     if tags:
         check_unlocked(node, "update", prefix)
     # A node with this batch size and device was checked against both when it was built (and holds
@@ -299,258 +211,237 @@ def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ..
         trusted = source._meta[1] == batch_size and source._meta[2] == device
         source = source._data
     new = old.copy()
+    added = False
     for k, v in source.items():
-        current = old.get(k)
-        if isinstance(current, Node) and isinstance(v, (Node, Mapping)):
+        current = old.get(k, MISSING)
+        if current is MISSING:
+            added = True
+        elif isinstance(current, Node) and isinstance(v, (Node, Mapping)):
             new[k] = _update(current, v if isinstance(v, Node) else nest(v), (*prefix, k))
-        elif trusted:
+            continue
+        if trusted:
             # a sub-node goes in untagged, as entry() puts it (the rule decides the result's tags)
             new[k] = retag(v, NO_TAGS) if isinstance(v, Node) else v
         else:
             new[k] = entry((*prefix, k), v, batch_size, device, type(node)._root)
-    new, device = settle_device(sorted_data(new), device)
-    return make(type(node), new, batch_size, device)
+    if device is None:  # with a device, entry() moved every value there (a trusted node's are on it)
+        new, device = settle_device(new, device)
+    if not added:  # only replaced entries: the node's key tuple serves
+        return with_meta(type(node), new, (order, batch_size, device, NO_TAGS))
+    return make(type(node), sorted_data(new), batch_size, device)
 
 
 @tag_rule
 def update(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     """A new node with the entries of ``other`` set; nested mappings merge into existing sub-nodes.
 
-    Refused on a Locked node, or one with a Locked sub-node that a nested mapping merges into
-    (LockedError naming it). Tags follow the rule, with the nodes in ``other`` among its inputs.
+    Args:
+        node: The node (``self`` as a method).
+        other: A node, or a mapping with str or tuple keys whose values :func:`set_entry` takes.
+
+    Returns:
+        A new node; entries ``other`` does not name are reused. Tags follow the rule, with the nodes
+        in ``other`` among its inputs (a node's own leaves keep them, new storage drops them).
+
+    Raises:
+        TypeError: a key of ``other`` is not a key, or a value is not a tensor, node or dict.
+        BatchSizeError: a value's shape does not start with the batch size where it goes.
+        KeyCollisionError: ``other`` gives one key twice (``("a", "b")`` and ``{"a": {"b": ...}}``).
+        LockedError: the node, or a sub-node a nested mapping merges into, is Locked (named).
     """
     return _update(node, other if isinstance(other, Node) else nest(other), ())
 
 
-def _trie(paths: tuple[Any, ...]) -> dict[str, Any]:
-    """The paths as a trie: nested dicts of keys, ``_ALL`` where a whole entry is named. A path is a
-    checked tuple of str or a key (a str is told inline, a nested key checked by ``as_path``)."""
-    trie: dict[str, Any] = {}
-    for path in paths:
-        if type(path) is str:  # a top-level key names its whole entry: no tuple to make and walk
-            trie[path] = _ALL
-            continue
-        path = as_path(path)
-        level = trie
-        for part in path[:-1]:
-            nxt = level.get(part)
-            if nxt is _ALL:
-                break
-            if nxt is None:
-                nxt = level[part] = {}
-            level = nxt
-        else:
-            level[path[-1]] = _ALL
-    return trie
-
-
-# Where a trie walk is: () at the root, else (where its parent is, key). One pair per level, where
-# the path itself would copy the whole prefix at every level (a tenth of a deep select or exclude);
-# only an error spells it out.
-_Trail = tuple
-
-
-def _trie_error(trail: _Trail, k: str, sub: Any, level: Node) -> KeyError:
-    """The error for the trie's key ``k`` at ``level``: missing there, or a leaf with keys asked below it."""
-    parts = [k]
-    while trail:
-        trail, parent = trail
-        parts.append(parent)
-    path = tuple(parts[::-1])
-    if k not in level._data:
-        return _not_found(path, len(path) - 1, level)
-    return NotANodeKeyError(display((*path, next(iter(sub)))), display(path))
-
-
-def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
-    data = {}
-    for k, sub in trie.items():
-        v = node._data.get(k, MISSING)
-        if v is MISSING:
-            if strict:
-                raise _trie_error(trail, k, sub, node)
-            continue
-        if sub is _ALL:
-            data[k] = v
-        elif isinstance(v, Node):
-            data[k] = _select(v, sub, strict, (trail, k))
-        elif strict:
-            raise _trie_error(trail, k, sub, node)
-    _, batch_size, device, _ = node._meta
-    # one key is in order: a deep key selects one key per level, and sorting them was a fifth of select
-    return make(type(node), sorted_data(data) if len(data) > 1 else data, batch_size, device)
-
-
-@tag_rule
-def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
-    """A node with only ``keys`` (a union: a key and its sub-keys keep the whole key).
-
-    Missing keys raise KeyNotFoundError when ``strict``, else are ignored.
-    Tags are kept (no data is made).
-    """
-    if not keys:
-        return make(type(node), {}, node._meta[1], node._meta[2])
-    return _select(node, _trie(keys), strict, ())
-
-
-def _exclude(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
-    data = node._data.copy()
-    for k, sub in trie.items():
-        v = data.get(k, MISSING)
-        if v is MISSING:
-            if strict:
-                raise _trie_error(trail, k, sub, node)
-            continue
-        if sub is _ALL:
-            del data[k]
-        elif isinstance(v, Node):
-            data[k] = _exclude(v, sub, strict, (trail, k))
-        elif strict:
-            raise _trie_error(trail, k, sub, node)
-    _, batch_size, device, _ = node._meta
-    return make(type(node), data, batch_size, device)
-
-
-@tag_rule
-def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
-    """A node without ``keys``; sub-nodes left empty are kept. Tags are kept."""
-    return _exclude(node, _trie(keys), strict, ())
-
-
-@tag_rule
-def exclude_paths(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
-    """``exclude(node, *paths, strict=False)`` for paths already checked by ``as_path`` (the keys a
-    module chain drops): the same node, tags kept.
-    """
-    return _exclude(node, _trie(tuple(paths)), False, ())
-
-
 @tag_rule
 def rename(node: NodeT, mapping: Mapping[NestedKey, NestedKey]) -> NodeT:
-    """A node with each key ``old`` of ``mapping`` moved to ``new``.
+    """A node with the entry at each key ``old`` of ``mapping`` moved to its ``new`` key.
 
-    A ``new`` key that exists and is not renamed away raises KeyCollisionError.
-    Refused on a Locked node, or one with a Locked sub-node on a path it edits.
+    Args:
+        node: The node (``self`` as a method).
+        mapping: ``{old: new}`` of keys; the moves happen at once, so two keys can swap.
+
+    Returns:
+        A new node holding the same leaves and sub-nodes; tags are kept (the rule: no data is made).
+
+    Raises:
+        KeyNotFoundError: an ``old`` key names no entry.
+        KeyCollisionError: two keys move to one ``new`` key, or ``new`` exists and is not moved away.
+        BatchSizeError: an entry does not fit the batch size of the sub-node it moves into.
+        LockedError: the node, or a sub-node on a path it edits, is Locked.
     """
     moves = [(as_path(old), as_path(new)) for old, new in mapping.items()]
     check_unlocked(node, "rename")  # an empty mapping too: every editor call on a Locked node is refused
     for old, _ in moves:
         _check_path_unlocked(node, old, "rename")
     moved = [(new, get(node, old)) for old, new in moves]
+    if len(moves) == 1:
+        return _move(node, *moves[0], moved[0][1])
     targets = [new for new, _ in moved]
     if len(set(targets)) != len(targets):
         raise KeyCollisionError(f"rename: two keys are renamed to the same key in {dict(mapping)!r}")
-    out = _exclude(node, _trie(tuple(old for old, _ in moves)), True, ())
+    out = without(node, [old for old, _ in moves])  # get() found each one
     for new, value in moved:
-        if get(out, new, _ABSENT) is not _ABSENT:
-            raise KeyCollisionError(f"rename: {display(new)!r} already exists; exclude it first")
-        out = _set_path(out, new, new, value, "rename")
+        out = _put_new(out, new, new, value)
     return out
+
+
+def _move(node: NodeT, old: tuple[str, ...], new: tuple[str, ...], value: Any) -> NodeT:
+    """``node`` with ``value``, its entry at ``old``, moved to ``new``: the two edits made below the node
+    holding both keys' parents, and the nodes above it copied once, not once per edit."""
+    common = 0
+    limit = min(len(old), len(new)) - 1
+    while common < limit and old[common] == new[common]:
+        common += 1
+    if not common:
+        return _put_new(without(node, [old]), new, new, value)
+    levels = path_nodes(node, old)
+    if levels is None:  # get() found the entry
+        raise AssertionError(f"{display(old)!r} was found, yet its path is not")
+    inner = _put_new(without(levels[common], [old[common:]]), new[common:], new, value)
+    return rebuilt(levels[:common], old, inner)
+
+
+def _put_new(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: Any) -> NodeT:
+    """``node`` (at ``full[: -len(path)]``) with ``value`` at ``path``, which must name no entry yet."""
+    if get(node, path, _ABSENT) is not _ABSENT:
+        raise KeyCollisionError(f"rename: {display(full)!r} already exists; exclude it first")
+    return _set_path(node, path, full, value, "rename")
 
 
 @tag_rule
 def flatten_keys(node: NodeT, sep: str = ".") -> NodeT:
     """A flat node whose keys join the nested keys with ``sep``; empty sub-nodes stay as entries.
 
-    Leaves move to the root's batch size (extra batch dims of sub-nodes are not
-    recorded). Two keys that join to the same name raise KeyCollisionError.
+    Args:
+        node: The node (``self`` as a method).
+        sep: The str put between the parts of a nested key.
+
+    Returns:
+        A node of the root's batch size (extra batch dims of sub-nodes are not recorded) holding the
+        same leaves; tags are kept (the rule: no data is made).
+
+    Raises:
+        KeyCollisionError: two keys join to the same name (both named).
     """
     out: dict[str, Any] = {}
-    origin: dict[str, NestedKey] = {}
 
-    def visit(level: Node, path: tuple[str, ...]) -> None:
+    # Names grow by the prefix of their level (a join of the whole key per leaf costs its depth); the
+    # keys behind a clash are found again only for the error.
+    def visit(level: Node, prefix: str) -> None:
         for k, v in level._data.items():
-            full = (*path, k)
-            if isinstance(v, Node) and v._data:
-                visit(v, full)
+            if isinstance(v, Node) and v._data:  # told inline, as _expands tells it
+                visit(v, prefix + k + sep)
                 continue
-            name = sep.join(full)
+            name = prefix + k
             if name in out:
-                raise KeyCollisionError(f"flatten_keys: {display(full)!r} and {origin[name]!r} both become {name!r}")
+                clash = [key for key, x in walk(node, True, False) if _joined(key, sep) == name and not _expands(x)]
+                raise KeyCollisionError(f"flatten_keys: {clash[-1]!r} and {clash[0]!r} both become {name!r}")
             out[name] = v
-            origin[name] = display(full)
 
-    visit(node, ())
+    visit(node, "")
     _, batch_size, device, _ = node._meta
     return make(type(node), sorted_data(out), batch_size, device)
 
 
-class _Pending:
-    """A node being assembled by unflatten_keys."""
+def _expands(value: Any) -> bool:
+    """Whether flatten_keys puts ``value``'s entries in its place: a sub-node holding some (an empty one
+    stays an entry)."""
+    return isinstance(value, Node) and bool(value._data)
 
-    __slots__ = ("data", "batch_size", "device")
 
-    def __init__(self, data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> None:
-        self.data, self.batch_size, self.device = data, batch_size, device
+def _joined(key: NestedKey, sep: str) -> str:
+    return key if type(key) is str else sep.join(key)
 
 
 def _unflatten(node: NodeT, sep: str) -> NodeT:
     _, batch_size, device, _ = node._meta
-    top = _Pending({}, batch_size, device)
-    # Levels by their joined prefix, so each key finds its parent in one lookup.
-    levels: dict[str, _Pending] = {}
+    # The levels are plain dicts until the end. Each is found by its joined prefix in one lookup (a walk
+    # part by part costs a lookup per part), and takes its parent's batch size and device; one opened
+    # from a sub-node the node holds keeps that sub-node's (``opened``, by the dict's id: the dicts live
+    # until the end, so the ids stay theirs; ``sizes`` by prefix, for the levels at or below one).
+    top: dict[str, Any] = {}
+    levels: dict[str, dict[str, Any]] = {}
+    opened: dict[int, tuple[torch.Size, torch.device | None]] = {}
+    sizes: dict[str, torch.Size] = {}
 
-    def level_of(prefix: str, key: str) -> _Pending:
-        if not prefix:
-            return top
-        found = levels.get(prefix)
-        if found is not None:
-            return found
-        head, _, name = prefix.rpartition(sep)
-        parent = level_of(head, key)
-        nxt = parent.data.get(name)
+    def level_of(prefix: str, key: str) -> dict[str, Any]:
+        """The level at ``prefix``, made (with the levels above it) when missing."""
+        head, cut, name = prefix.rpartition(sep)
+        parent = levels.get(head) if cut else top
+        if parent is None:
+            parent = level_of(head, key)
+        nxt = parent.get(name)
         if nxt is None:
-            nxt = _Pending({}, parent.batch_size, parent.device)
+            nxt = parent[name] = {}
+            if sizes and cut and head in sizes:
+                sizes[prefix] = sizes[head]
         elif isinstance(nxt, Node):
-            nxt = _Pending(dict(nxt._data), nxt._meta[1], nxt._meta[2])
+            _, size, dev, _ = nxt._meta
+            nxt = parent[name] = nxt._data.copy()
+            opened[id(nxt)] = (size, dev)
+            sizes[prefix] = size
         else:
             raise KeyCollisionError(f"unflatten_keys: {prefix!r} is a leaf and {key!r} needs it to be a node")
-        parent.data[name] = levels[prefix] = nxt
+        levels[prefix] = nxt
         return nxt
 
     for k, v in node._data.items():
         if isinstance(v, Node):
             v = _unflatten(v, sep)
-        prefix, _, last = k.rpartition(sep)
-        level = level_of(prefix, k)
-        if level.batch_size != batch_size and isinstance(v, torch.Tensor):
-            # Only a sub-node that existed before, with extra batch dims, can refuse the leaf.
-            if v.shape[: len(level.batch_size)] != level.batch_size:
+        if sep in k:
+            prefix, _, last = k.rpartition(sep)
+            level = levels.get(prefix)
+            if level is None:
+                level = level_of(prefix, k)
+            size = sizes.get(prefix) if sizes else None
+            # only a sub-node that existed before, with extra batch dims, can refuse a leaf
+            if size is not None and isinstance(v, torch.Tensor) and v.shape[: len(size)] != size:
                 raise BatchSizeError(
                     f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
-                    f"the batch_size {tuple(level.batch_size)} of {prefix!r}"
+                    f"the batch_size {tuple(size)} of {prefix!r}"
                 )
-        existing = level.data.get(last)
+        else:
+            level, last = top, k
+        existing = level.get(last)
         if existing is None:
-            level.data[last] = v
-        elif isinstance(existing, _Pending) and isinstance(v, Node):
+            level[last] = v
+        elif type(existing) is dict and isinstance(v, Node):
             for sub_key, sub_value in v._data.items():
-                if sub_key in existing.data:
+                if sub_key in existing:
                     raise KeyCollisionError(f"unflatten_keys: {k!r} and its dotted keys both set {sub_key!r}")
-                existing.data[sub_key] = sub_value
+                existing[sub_key] = sub_value
         else:
             raise KeyCollisionError(f"unflatten_keys: {k!r} is a leaf and other keys need it to be a node")
     cls = type(node)
 
-    def finish(p: _Pending) -> NodeT:
-        data = {k: finish(v) if isinstance(v, _Pending) else v for k, v in p.data.items()}
-        return make(cls, sorted_data(data), p.batch_size, p.device)
+    def finish(data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> NodeT:
+        for k, v in data.items():
+            if type(v) is dict:  # a level (the values a node holds are tensors and nodes)
+                size, dev = opened.get(id(v), (batch_size, device)) if opened else (batch_size, device)
+                data[k] = finish(v, size, dev)  # a value replaced, no key added: the walk goes on
+        # one key is in order (a deep key makes one level per part)
+        return make(cls, sorted_data(data) if len(data) > 1 else data, batch_size, device)
 
-    return finish(top)
+    return finish(top, batch_size, device)
 
 
 @tag_rule
 def unflatten_keys(node: NodeT, sep: str = ".") -> NodeT:
-    """The inverse of :func:`flatten_keys`: keys split on ``sep`` become nested keys. Tags are kept.
+    """The inverse of :func:`flatten_keys`: keys split on ``sep`` become nested keys.
 
-    A leaf ``"a"`` beside a key ``"a.b"`` raises KeyCollisionError naming both.
+    Args:
+        node: The node (``self`` as a method).
+        sep: The str the keys are split on (every occurrence: ``".a"`` is ``("", "a")``).
+
+    Returns:
+        A node holding the same leaves; a new sub-node takes its parent's batch size, a sub-node
+        the node already held keeps its own. Tags are kept (the rule: no data is made).
+
+    Raises:
+        KeyCollisionError: a leaf ``"a"`` beside a key ``"a.b"`` (both named).
+        BatchSizeError: a leaf does not fit the batch size of a sub-node it goes into.
     """
     return _unflatten(node, sep)
-
-
-def to_dict(node: Node) -> dict[str, Any]:
-    """Nested plain dicts of the node's tensors (the same tensor objects)."""
-    return {k: to_dict(v) if isinstance(v, Node) else v for k, v in node._data.items()}
 
 
 def _common_prefix(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
