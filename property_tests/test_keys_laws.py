@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import tdtree as tt
 from tdtree.testing import assert_equal, nested_keys, tensordicts
+from tdtree.testing.laws import assert_tags
 
 from ._snapshot import assert_unchanged, snapshot
 
@@ -115,3 +116,46 @@ def test_lock_keeps_leaves_and_changes_only_the_type(td: tt.TensorDict) -> None:
     assert all(type(v) is tt.TensorDict[tt.Locked] for v in locked.values(True) if isinstance(v, tt.TensorDict))
     assert_equal(locked.unlock(), td)
     assert type(locked.select(*locked.keys())) is tt.TensorDict[tt.Locked]
+
+
+def _identical(node: object, plain: object, where: tuple = ()) -> None:
+    """``node`` (nested plain dicts of a result's ``to_dict()``) holds exactly ``plain``'s keys and the same
+    tensor objects."""
+    if isinstance(plain, dict):
+        assert isinstance(node, dict) and list(node) == sorted(plain), where
+        for k, v in plain.items():
+            _identical(node[k], v, (*where, k))
+    else:
+        assert node is plain, where
+
+
+def _plain_select(d: dict, path: tuple) -> dict:
+    return {path[0]: d[path[0]] if len(path) == 1 else _plain_select(d[path[0]], path[1:])}
+
+
+def _plain_exclude(d: dict, path: tuple) -> dict:
+    out = {**d}
+    if len(path) == 1:
+        del out[path[0]]
+    else:
+        out[path[0]] = _plain_exclude(d[path[0]], path[1:])
+    return out
+
+
+@given(st.data(), tensordicts(extra_batch_dims=True, min_keys=1, max_depth=3, tags=True))
+def test_select_and_exclude_of_one_key_are_the_plain_dicts(data: st.DataObject, td: tt.TensorDict) -> None:
+    # one key takes a path of its own (no trie): the same entries as plain nested dicts, each node on
+    # the key's path with the batch size of the node it copies, and the rule's tags
+    key = data.draw(st.sampled_from(list(td.keys(include_nested=True))))
+    path = (key,) if isinstance(key, str) else key
+    before = snapshot(td)
+    selected = assert_tags(lambda n: n.select(key), td)
+    excluded = assert_tags(lambda n: n.exclude(key), td)
+    _identical(selected.to_dict(), _plain_select(td.to_dict(), path))
+    _identical(excluded.to_dict(), _plain_exclude(td.to_dict(), path))
+    for depth in range(1, len(path)):
+        size = td.get(path[:depth]).batch_size
+        assert selected.get(path[:depth]).batch_size == size == excluded.get(path[:depth]).batch_size
+    assert selected.batch_size == excluded.batch_size == td.batch_size
+    assert selected.tags == excluded.tags == td.tags  # no data made: the rule keeps them
+    assert_unchanged(td, before)

@@ -77,6 +77,36 @@ def test_get_refuses_what_is_not_a_key_even_with_a_default(td: tt.TensorDict, ke
         td.get(key, None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        (("next", Name("reward")), "got Name 'reward'"),
+        ((Name("obs"),), "got Name 'obs'"),
+        (("next", 1), "got int 1"),
+        ((), "the empty tuple is not a key"),
+        (3, "got int 3"),
+    ],
+)
+@pytest.mark.parametrize("op", ["select", "exclude"])
+def test_select_and_exclude_of_one_key_refuse_what_is_not_a_key(
+    td: tt.TensorDict, op: str, key: object, message: str
+) -> None:
+    for strict in (True, False):
+        with pytest.raises(TypeError, match=re.escape(message)):
+            getattr(td, op)(key, strict=strict)
+
+
+@pytest.mark.parametrize("op", ["select", "exclude"])
+def test_select_and_exclude_of_one_deep_key_name_where_it_stops(op: str) -> None:
+    td = tt.TensorDict({"a": {"b": {"c": torch.zeros(2), "x": torch.ones(2)}}}, [2])
+    with pytest.raises(KeyNotFoundError, match=re.escape("('a', 'b', 'nope')")):
+        getattr(td, op)(("a", "b", "nope"))
+    with pytest.raises(NotANodeKeyError, match=re.escape("('a', 'b', 'c')")):
+        getattr(td, op)(("a", "b", "c", "d"))
+    assert list(td.exclude(("a", "b", "nope"), strict=False).keys(True, True)) == [("a", "b", "c"), ("a", "b", "x")]
+    assert list(td.select(("a", "b", "c", "d"), strict=False).keys(True, True)) == []
+
+
 def test_keys_values_items_flags(td: tt.TensorDict) -> None:
     assert list(td.keys()) == ["next", "obs"]
     assert list(td.keys(include_nested=True)) == ["next", ("next", "done"), ("next", "reward"), "obs"]
@@ -218,6 +248,54 @@ def test_unflatten_merges_into_existing_subnode() -> None:
     deeper = tt.TensorDict({"a": tt.TensorDict({"x": torch.zeros(2, 3)}, [2, 3]), "a.y": torch.ones(2)}, [2])
     with pytest.raises(BatchSizeError, match=r"'a.y' has shape \(2,\).*\(2, 3\)"):
         deeper.unflatten_keys()
+
+
+def test_unflatten_splits_on_every_sep_so_empty_parts_round_trip() -> None:
+    td = tt.TensorDict({"": {"a": torch.zeros(2), "": torch.ones(2)}, "b": {"": {"": torch.ones(2)}}}, [2])
+    flat = td.flatten_keys()
+    assert list(flat.keys()) == [".", ".a", "b.."]
+    assert_equal(flat.unflatten_keys(), td)
+    assert flat.unflatten_keys()["", "a"] is td["", "a"]
+
+
+def test_unflatten_level_made_below_a_subnode_takes_its_batch_size() -> None:
+    sub = tt.TensorDict({"x": torch.zeros(2, 3)}, [2, 3], device="cpu")
+    out = tt.TensorDict({"a": sub, "a.n.y": torch.ones(2, 3, 4), "b.c": torch.ones(2)}, [2]).unflatten_keys()
+    assert out["a"].batch_size == out["a", "n"].batch_size == (2, 3)
+    assert out["b"].batch_size == (2,) and out["a", "n", "y"].shape == (2, 3, 4)
+    with pytest.raises(BatchSizeError, match=r"'a.n.y' has shape \(2, 4\).*\(2, 3\) of 'a.n'"):
+        tt.TensorDict({"a": sub, "a.n.y": torch.ones(2, 4)}, [2]).unflatten_keys()
+
+
+@pytest.mark.parametrize("batch", [(), (3,), (3, 4), (3, 4, 2)])
+def test_set_checks_every_batch_dim_of_the_value(batch: tuple[int, ...]) -> None:
+    # up to two batch dims are compared one by one, more as a slice: both must refuse each wrong dim
+    td = tt.TensorDict({"n": {}}, batch)
+    fits = torch.zeros(*batch, 5)
+    assert td.set("v", fits)["v"] is fits and td.set(("n", "v"), fits)["n", "v"] is fits
+    for dim in range(len(batch)):
+        wrong = list(batch)
+        wrong[dim] += 1
+        with pytest.raises(BatchSizeError, match=re.escape(f"which does not start with the batch_size {batch}")):
+            td.set(("n", "v"), torch.zeros(*wrong, 5))
+    if batch:
+        with pytest.raises(BatchSizeError, match=re.escape(f"has shape {batch[:-1]}")):
+            td.set("v", torch.zeros(batch[:-1]))
+
+
+def test_update_of_existing_keys_keeps_the_order_and_new_keys_are_sorted(td: tt.TensorDict) -> None:
+    out = td.update({"obs": torch.ones(4, 3), "next": {"done": torch.ones(4, 1)}})
+    assert list(out.keys(True)) == list(td.keys(True))
+    assert out["next", "reward"] is td["next", "reward"]
+    grown = td.update({"nz": torch.ones(4), "next": {"aa": torch.ones(4)}})
+    assert list(grown.keys(True)) == ["next", ("next", "aa"), ("next", "done"), ("next", "reward"), "nz", "obs"]
+
+
+def test_rename_refuses_an_entry_that_does_not_fit_where_it_moves() -> None:
+    td = tt.TensorDict({"a": torch.zeros(2), "n": tt.TensorDict({"x": torch.zeros(2, 3)}, [2, 3])}, [2])
+    with pytest.raises(BatchSizeError, match=re.escape("('n', 'a')")):
+        td.rename({"a": ("n", "a")})
+    assert td.rename({("n", "x"): ("n", "y")})["n", "y"] is td["n", "x"]
 
 
 def test_to_dict_and_from_dict(td: tt.TensorDict) -> None:
