@@ -176,6 +176,11 @@ def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
         BatchSizeError: ``value``'s shape does not start with the batch size where it goes.
         KeyCollisionError: a part of ``key`` before the last names a tensor.
         LockedError: the node, or a sub-node on the path to ``key``, is Locked (named).
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"a": torch.zeros(2)}, batch_size=[2])
+    >>> list(td.set(("b", "c"), torch.ones(2, 3)).keys(include_nested=True))
+    ['a', 'b', ('b', 'c')]
     """
     path = as_path(key)
     return _set_path(node, path, path, value, "set")
@@ -191,7 +196,20 @@ def set_path(node: NodeT, path: tuple[str, ...], value: Any) -> NodeT:
 
 @tag_rule
 def setdefault(node: NodeT, key: NestedKey, default: Any) -> NodeT:
-    """The node itself when ``key`` exists, else ``set(key, default)``. Refused on a Locked node."""
+    """The node itself when ``key`` exists, else ``set(key, default)``.
+
+    Args:
+        node: The node (``self`` as a method).
+        key: A str or tuple of str.
+        default: The value to set when ``key`` is missing (as ``value`` in :func:`set_entry`).
+
+    Returns:
+        The node itself (tags kept), or a new node as :func:`set_entry` returns it.
+
+    Raises:
+        LockedError: the node is Locked (even when ``key`` exists).
+        BatchSizeError, KeyCollisionError, TypeError: as :func:`set_entry`.
+    """
     check_unlocked(node, "setdefault")
     path = as_path(key)
     if get(node, path, _ABSENT) is not _ABSENT:
@@ -248,6 +266,11 @@ def update(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
         BatchSizeError: a value's shape does not start with the batch size where it goes.
         KeyCollisionError: ``other`` gives one key twice (``("a", "b")`` and ``{"a": {"b": ...}}``).
         LockedError: the node, or a sub-node a nested mapping merges into, is Locked (named).
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"a": torch.zeros(2), "b": {"c": torch.zeros(2)}}, batch_size=[2])
+    >>> list(td.update({"b": {"d": torch.ones(2)}}).keys(include_nested=True, leaves_only=True))
+    ['a', ('b', 'c'), ('b', 'd')]
     """
     return _update(node, other if isinstance(other, Node) else nest(other), ())
 

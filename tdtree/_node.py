@@ -294,87 +294,11 @@ class TensorDict(Node):
 
     # -- functional editors (refused on Locked nodes) ------------------------------
 
-    def set(self, key: NestedKey, value: Any) -> TensorDict:
-        """A new node with ``value`` at ``key``; only the path to it is copied, the rest is shared.
-
-        Args:
-            key: a str, or a tuple of str for a nested key (missing sub-nodes are created).
-            value: a tensor whose shape starts with the batch size there, a node (put in
-                untagged), or a dict (becomes a sub-node).
-
-        Returns:
-            A new node. Tags by the rule: kept only when ``value`` uses a storage the node already
-            used (a node's own leaf moved to another key), else dropped.
-
-        Raises:
-            LockedError: the node, or a sub-node on the path to ``key``, is Locked.
-            BatchSizeError: ``value``'s shape does not start with the batch size.
-            KeyCollisionError: the path goes through a tensor.
-            TypeError: ``key`` is not a key, or ``value`` not a tensor, node or dict.
-
-        >>> import torch, tdtree as tt
-        >>> td = tt.TensorDict({"a": torch.zeros(2)}, batch_size=[2])
-        >>> list(td.set(("b", "c"), torch.ones(2, 3)).keys(include_nested=True))
-        ['a', 'b', ('b', 'c')]
-        """
-        return _keyops.set_entry(self, key, value)
-
-    def setdefault(self, key: NestedKey, default: Any) -> TensorDict:
-        """This node when ``key`` exists, else a new node with ``default`` there.
-
-        Args:
-            key: a str or tuple of str.
-            default: the value to set when ``key`` is missing (as ``value`` in :meth:`set`).
-
-        Returns:
-            ``self`` (tags kept), or a new node as :meth:`set` returns it.
-
-        Raises:
-            LockedError: the node is Locked (even when ``key`` exists).
-            BatchSizeError, KeyCollisionError, TypeError: as :meth:`set`.
-        """
-        return _keyops.setdefault(self, key, default)
-
-    def update(self, other: Mapping[Any, Any] | TensorDict) -> TensorDict:
-        """A new node with every entry of ``other`` set; nested mappings merge into sub-nodes.
-
-        Args:
-            other: a node or a mapping (str or tuple-of-str keys) of tensors, nodes or mappings.
-
-        Returns:
-            A new node. Tags by the rule, the nodes in ``other`` among its inputs: kept only
-            when every leaf uses a storage the inputs already used.
-
-        Raises:
-            LockedError: the node, or a sub-node a nested mapping merges into, is Locked.
-            BatchSizeError: a value's shape does not start with the batch size.
-            KeyCollisionError: a key is given twice in ``other``.
-            TypeError: a key or value of another type.
-
-        >>> import torch, tdtree as tt
-        >>> td = tt.TensorDict({"a": torch.zeros(2), "b": {"c": torch.zeros(2)}}, batch_size=[2])
-        >>> list(td.update({"b": {"d": torch.ones(2)}}).keys(include_nested=True, leaves_only=True))
-        ['a', ('b', 'c'), ('b', 'd')]
-        """
-        return _keyops.update(self, other)
-
-    def rename(self, mapping: Mapping[NestedKey, NestedKey]) -> TensorDict:
-        """A new node with the entry at each key ``old`` of ``mapping`` moved to ``new``.
-
-        Args:
-            mapping: ``{old: new}`` pairs of keys (str or tuple of str); values are not copied.
-
-        Returns:
-            A new node holding the same leaves; tags kept.
-
-        Raises:
-            LockedError: the node, or a sub-node on a path it edits, is Locked.
-            KeyNotFoundError: an ``old`` key is not there.
-            KeyCollisionError: two keys are renamed to one, or a ``new`` key exists (and is not
-                renamed away).
-            TypeError: a key is not a str or tuple of str.
-        """
-        return _keyops.rename(self, mapping)
+    # the named functions themselves (their docstrings are the methods'), as the views are
+    set = _keyops.set_entry
+    setdefault = _keyops.setdefault
+    update = _keyops.update
+    rename = _keyops.rename
 
     # -- key views -------------------------------------------------------------------
 
