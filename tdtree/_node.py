@@ -24,7 +24,6 @@ import torch
 
 from . import _combine, _device, _index, _inplace, _keyops, _maps, _memmap, _ops, _records, _shape, _shared
 from ._base import Node
-from ._keys import NestedKey
 from ._pickle import reduce_node
 from ._pytree import register
 from ._repr import node_repr
