@@ -8,7 +8,7 @@ from typing import Any
 import optree
 import torch
 
-from ._base import Node, NodeT, make, with_meta
+from ._base import NO_TAGS, Node, NodeT, make, with_meta
 from ._keyops import walk
 from ._keys import display
 from ._pytree import NAMESPACE
@@ -60,9 +60,24 @@ def _refill(spec: Node, it: Iterator[Any]) -> Node:
     return with_meta(type(spec), data, spec._meta)
 
 
-def unflat(spec: Node, values: Iterable[Any]) -> Any:
-    """A node of ``spec``'s type, keys and metadata holding ``values`` in leaf order (optree's unflatten)."""
-    return _refill(spec, iter(values))
+def _refill_batch(spec: Node, it: Iterator[Any], root: torch.Size, n: int) -> Node:
+    data = {k: _refill_batch(v, it, root, n) if isinstance(v, Node) else next(it) for k, v in spec._data.items()}
+    keys, batch_size, device, _ = spec._meta
+    if len(batch_size) != n:  # a sub-node's extra batch dims follow the root's new ones
+        root = torch.Size((*root, *batch_size[n:]))
+    return with_meta(type(spec), data, (keys, root, device, NO_TAGS))
+
+
+def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = None) -> Any:
+    """A node of ``spec``'s type, keys and metadata holding ``values`` in leaf order (optree's unflatten).
+
+    With ``batch_size`` (a ``torch.Size``) the root gets it in place of ``spec``'s and every
+    sub-node gets it followed by its own extra batch dims, as :func:`rebuild` gives them; the
+    values must fit (nothing is checked). The result is untagged.
+    """
+    if batch_size is None:
+        return _refill(spec, iter(values))
+    return _refill_batch(spec, iter(values), batch_size, len(spec._meta[1]))
 
 
 def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
@@ -206,11 +221,8 @@ def _results(what: str, fn: Callable[..., Any], node: Node, others: tuple[Node, 
     return spec, [fn(x) for x in values]
 
 
-def _finish(node: Node, spec: Node, out: list[Any], batch_size: Any) -> Any:
-    if batch_size is None:
-        return unflat(spec, out)
-    it = iter(out)
-    return rebuild(node, lambda _: next(it), as_batch_size(batch_size))
+def _finish(spec: Node, out: list[Any], batch_size: Any) -> Any:
+    return unflat(spec, out, None if batch_size is None else as_batch_size(batch_size))
 
 
 @tag_rule
@@ -241,7 +253,7 @@ def apply(node: NodeT, fn: Callable[..., torch.Tensor], *others: Node, batch_siz
     (12.0, torch.Size([2]))
     """
     spec, out = _results("apply", fn, node, others, False)
-    return _finish(node, spec, out, batch_size)
+    return _finish(spec, out, batch_size)
 
 
 @tag_rule
@@ -263,4 +275,4 @@ def named_apply(node: NodeT, fn: Callable[..., torch.Tensor], *others: Node, bat
         KeyMismatchError, BatchSizeError, TypeError, ValueError: as :func:`apply`.
     """
     spec, out = _results("named_apply", fn, node, others, True)
-    return _finish(node, spec, out, batch_size)
+    return _finish(spec, out, batch_size)

@@ -14,14 +14,14 @@ guessed from leaf shapes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import optree
 import torch
 
 from ._base import Node
-from ._maps import leaves, rebuild
+from ._maps import leaves, unflat
 from ._pytree import NAMESPACE
 from ._tags import decide
 from ._tensorclass import RecordOps
@@ -129,45 +129,79 @@ def _unit_leaves(unit: Any) -> list[torch.Tensor]:
     return leaves(_node_of(unit)) if _is_unit(unit) else [unit]
 
 
-def _rebuilt(unit: Any, leaf_fn: Callable[[torch.Tensor], torch.Tensor], batch_size: torch.Size) -> Any:
-    """``unit`` (a node or tensorclass) over ``leaf_fn`` of each leaf, with root batch size ``batch_size``."""
-    node = rebuild(_node_of(unit), leaf_fn, batch_size)
+def _refilled(unit: Any, values: Iterator[torch.Tensor], batch_size: torch.Size) -> Any:
+    """``unit`` (a node or tensorclass) holding the next of ``values`` as its leaves, with root batch size
+    ``batch_size``."""
+    node = unflat(_node_of(unit), values, batch_size)
     return unit._wrap(node) if isinstance(unit, RecordOps) else node
 
 
-def _removed(unit: Any, dim: int, it: Any) -> Any:
+def _removed(unit: Any, dim: int, it: Iterator[torch.Tensor]) -> Any:
     """The mapped ``unit`` as the function sees it: its next mapped leaves from ``it``, ``dim`` gone."""
     if not _is_unit(unit):
         return next(it)
     batch_size = _node_of(unit)._meta[1]
-    inner = _rebuilt(unit, lambda _: next(it), torch.Size((*batch_size[:dim], *batch_size[dim + 1 :])))
+    inner = _refilled(unit, it, torch.Size((*batch_size[:dim], *batch_size[dim + 1 :])))
     # the rule, with the argument as the input: the batched leaves wrap the argument's own storages,
     # so a tagged argument reaches the function with its tags (a Locked one refuses edits there too)
     return decide(inner, (unit,))
 
 
-def _inserted(path: tuple[Any, ...], unit: Any, dim: int, size: int, it: Any) -> Any:
-    """An output ``unit`` over its next results from ``it`` (mapped dim first), with the dim moved to ``dim``."""
+def _inserted(where: Callable[[], str], unit: Any, dim: int, size: int, it: Iterator[torch.Tensor]) -> Any:
+    """An output ``unit`` over its next results from ``it`` (mapped dim first), with the dim moved to ``dim``;
+    ``where()`` names the output in errors."""
     if _is_unit(unit):
         batch_size = _node_of(unit)._meta[1]
         n = len(batch_size) + 1
         d = dim_index(dim, n)
         if d is None:
             raise ValueError(
-                f"tdtree.vmap: out_dim {dim} for {_where('out_dims', path)}, {_kind(unit)} with batch_size "
+                f"tdtree.vmap: out_dim {dim} for {where()}, {_kind(unit)} with batch_size "
                 f"{tuple(batch_size)} inside the function, is out of range (-{n}..{n - 1})"
             )
         # torch.func.vmap returned the mapped dim first
-        move = (lambda _: next(it)) if d == 0 else (lambda _: next(it).movedim(0, d))
-        return _rebuilt(unit, move, torch.Size((*batch_size[:d], size, *batch_size[d:])))
+        at = d
+        values = it if at == 0 else map(lambda t: t.movedim(0, at), it)
+        return _refilled(unit, values, torch.Size((*batch_size[:d], size, *batch_size[d:])))
     t = next(it)
     d = dim_index(dim, t.ndim)
     if d is None:
         raise ValueError(
-            f"tdtree.vmap: out_dim {dim} for {_where('out_dims', path)} is out of range for a tensor of shape "
+            f"tdtree.vmap: out_dim {dim} for {where()} is out of range for a tensor of shape "
             f"{tuple(t.shape[1:])} inside the function"
         )
     return t if d == 0 else t.movedim(0, d)
+
+
+def _out_where(out_spec: optree.PyTreeSpec | None, i: int) -> str:
+    """Output ``i`` of the structure ``out_spec`` (None: the one output) as :func:`_where` writes it."""
+    return _where("out_dims", () if out_spec is None else out_spec.paths()[i])
+
+
+def _restored(out_dims: Any, out_spec: optree.PyTreeSpec | None, out_units: list[Any], size: int, flat_out: Any) -> Any:
+    """The outputs, ``out_units`` in the structure ``out_spec`` (None: one unit), over the mapped results
+    ``flat_out`` with the mapped dim placed by ``out_dims``."""
+    it = iter(flat_out)
+    if type(out_dims) is int:  # one dim for every output: placed output by output, without a walk for paths
+        restored = [
+            _inserted(functools.partial(_out_where, out_spec, i), u, out_dims, size, it)
+            for i, u in enumerate(out_units)
+        ]
+    else:
+        out = out_units[0] if out_spec is None else optree.tree_unflatten(out_spec, out_units)
+        odims = out_dims
+        if type(out_dims) is tuple and type(out) is not tuple and len(out_dims) == 1:
+            odims = out_dims[0]  # one output, its dim given as a 1-tuple
+        elif type(out) is tuple:
+            odims = _top("out_dims", out_dims, len(out))
+        placed: list[tuple[tuple[Any, ...], Any, Any]] = []
+        _units("out_dims", odims, out, (), placed)
+        restored = []
+        for path, unit, dim in placed:
+            if dim is None:
+                raise ValueError(f"tdtree.vmap: out_dims gives None for {_where('out_dims', path)}; out_dims are ints")
+            restored.append(_inserted(functools.partial(_where, "out_dims", path), unit, dim, size, it))
+    return restored[0] if out_spec is None else optree.tree_unflatten(out_spec, restored)
 
 
 def vmap(
@@ -221,8 +255,13 @@ def vmap(
     @functools.wraps(func)
     def mapped(*args: Any, **kwargs: Any) -> Any:
         units: list[tuple[tuple[Any, ...], Any, Any]] = []
+        nested = False  # whether an argument holds units inside a container (rebuilt inside by its structure)
         for i, (dims, arg) in enumerate(zip(_top("in_dims", in_dims, len(args)), args)):
-            _units("in_dims", dims, arg, (i,), units)
+            if (dims is None or type(dims) is int) and (_is_unit(arg) or isinstance(arg, torch.Tensor)):
+                units.append(((i,), arg, dims))  # an argument that is one unit: no walk
+            else:
+                nested = True
+                _units("in_dims", dims, arg, (i,), units)
         flat: list[torch.Tensor] = []
         flat_dims: list[int] = []
         mapped_units: list[tuple[int, Any, int]] = []  # (position in units, unit, non-negative dim)
@@ -251,24 +290,32 @@ def vmap(
             raise ValueError("tdtree.vmap: the mapped arguments hold no tensors, so there is nothing to map over")
         # optree's stub types a tree as PyTree[T], a union optree builds at runtime, which mypy reads as
         # a class that no actual tree (a tuple of arguments) is an instance of
-        args_spec = optree.tree_structure(args, is_leaf=_is_unit, namespace=NAMESPACE)  # type: ignore[arg-type]
-        outputs: list[tuple[optree.PyTreeSpec, list[Any]]] = []
+        args_spec = optree.tree_structure(args, is_leaf=_is_unit, namespace=NAMESPACE) if nested else None  # type: ignore[arg-type]
+        outputs: list[tuple[optree.PyTreeSpec | None, list[Any]]] = []
 
         def inner(inner_leaves: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
             given = [unit for _, unit, _ in units]
             it = iter(inner_leaves)
             for pos, unit, d in mapped_units:
                 given[pos] = _removed(unit, d, it)
-            out = func(*optree.tree_unflatten(args_spec, given), **kwargs)
-            out_units, out_spec = optree.tree_flatten(out, is_leaf=_is_unit, namespace=NAMESPACE)
+            out = func(*(given if args_spec is None else optree.tree_unflatten(args_spec, given)), **kwargs)
+            out_spec: optree.PyTreeSpec | None = None  # None: the output is one unit
+            if _is_unit(out) or isinstance(out, torch.Tensor):
+                out_units = [out]
+            else:
+                out_units, out_spec = optree.tree_flatten(out, is_leaf=_is_unit, namespace=NAMESPACE)
             result: list[torch.Tensor] = []
-            for path, unit in zip(out_spec.paths(), out_units):
-                if not (_is_unit(unit) or isinstance(unit, torch.Tensor)):
+            for i, unit in enumerate(out_units):
+                if _is_unit(unit):
+                    result.extend(leaves(_node_of(unit)))
+                elif isinstance(unit, torch.Tensor):
+                    result.append(unit)
+                else:
+                    path = () if out_spec is None else out_spec.paths()[i]
                     raise TypeError(
                         f"tdtree.vmap: the function returned {_kind(unit)} at {_where('out_dims', path)}; outputs "
                         "are nodes, tensorclasses, tensors, None and containers of them"
                     )
-                result.extend(_unit_leaves(unit))
             outputs.append((out_spec, out_units))
             return tuple(result)
 
@@ -279,22 +326,9 @@ def vmap(
             inner, in_dims=(leaf_dims,), out_dims=0, randomness=randomness, chunk_size=chunk_size
         )(flat)
         out_spec, out_units = outputs[-1]
-        out = optree.tree_unflatten(out_spec, out_units)
-        odims = out_dims
-        if type(out_dims) is tuple and type(out) is not tuple and len(out_dims) == 1:
-            odims = out_dims[0]  # one output, its dim given as a 1-tuple
-        elif type(out) is tuple:
-            odims = _top("out_dims", out_dims, len(out))
-        placed: list[tuple[tuple[Any, ...], Any, Any]] = []
-        _units("out_dims", odims, out, (), placed)
-        it = iter(flat_out)
-        restored = []
-        for path, unit, dim in placed:
-            if dim is None:
-                raise ValueError(f"tdtree.vmap: out_dims gives None for {_where('out_dims', path)}; out_dims are ints")
-            restored.append(_inserted(path, unit, dim, size, it))
-        # the rule in the body: tdtree.vmap may be called inside a compiled function, where the
-        # wrapper tag_rule writes for a function cannot be made
-        return decide(optree.tree_unflatten(out_spec, restored), (*args, *kwargs.values()))
+        result = _restored(out_dims, out_spec, out_units, size, flat_out)
+        # the rule in the body, with the arguments' units (every node they hold) as the inputs: tdtree.vmap
+        # may be called inside a compiled function, where the wrapper tag_rule writes cannot be made
+        return decide(result, (*(unit for _, unit, _ in units), *kwargs.values()))
 
     return mapped

@@ -22,7 +22,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ._base import Node
 from ._foreach import foreach
+from ._maps import flat, unflat
+from ._maps import leaves as node_leaves
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
 from .tree import flatten, leaves, unflatten
@@ -40,8 +43,20 @@ class AdamState(NamedTuple):
     exp_avg_sq: Any
 
 
+# A node's leaves and structure come from a walk of its ``_data`` (``_maps``): optree calls back into
+# Python for every node of a tree; any other tree goes through optree.
+
+
+def _flatten(tree: Any) -> tuple[list[Any], Any]:
+    return flat(tree) if isinstance(tree, Node) else flatten(tree)
+
+
+def _unflatten(spec: Any, values: list[Any]) -> Any:
+    return unflat(spec, values) if isinstance(spec, Node) else unflatten(spec, values)
+
+
 def _leaves_like(ps: list[Any], tree: Any, what: str) -> list[Any]:
-    out = leaves(tree)
+    out = node_leaves(tree) if isinstance(tree, Node) else leaves(tree)
     if len(out) != len(ps):
         raise ValueError(
             f"{what} has {len(out)} leaves for {len(ps)} parameters; it must have the parameters' structure "
@@ -52,12 +67,12 @@ def _leaves_like(ps: list[Any], tree: Any, what: str) -> list[Any]:
 
 @tag_rule
 def _sgd(params: Any, grads: Any, buf: Any, lr: float, momentum: float) -> tuple[Any, Any]:
-    ps, spec = flatten(params)
+    ps, spec = _flatten(params)
     gs = _leaves_like(ps, grads, "grads")
     if not ps:  # torch._foreach_* refuse empty lists
-        return unflatten(spec, []), None if momentum == 0.0 else unflatten(spec, [])
+        return _unflatten(spec, []), None if momentum == 0.0 else _unflatten(spec, [])
     if momentum == 0.0:
-        return unflatten(spec, foreach(torch._foreach_add)(ps, gs, alpha=-lr)), None
+        return _unflatten(spec, foreach(torch._foreach_add)(ps, gs, alpha=-lr)), None
     bs: Any
     if buf is None:
         # a copy, as torch.optim.SGD's first buffer is: the state must not be the caller's gradients
@@ -66,7 +81,7 @@ def _sgd(params: Any, grads: Any, buf: Any, lr: float, momentum: float) -> tuple
     else:
         bs = foreach(torch._foreach_mul)(_leaves_like(ps, buf, "momentum_state"), momentum)
         bs = foreach(torch._foreach_add_, fresh=True)(bs, gs)
-    return unflatten(spec, foreach(torch._foreach_add)(ps, bs, alpha=-lr)), unflatten(spec, bs)
+    return _unflatten(spec, foreach(torch._foreach_add)(ps, bs, alpha=-lr)), _unflatten(spec, bs)
 
 
 @torch.no_grad()
@@ -130,10 +145,10 @@ def _adam(
     beta2: float,
     eps: float,
 ) -> tuple[Any, Any, Any]:
-    ps, spec = flatten(params)
+    ps, spec = _flatten(params)
     gs = _leaves_like(ps, grads, "grads")
     if not ps:  # torch._foreach_* refuse empty lists
-        return unflatten(spec, []), unflatten(spec, []), unflatten(spec, [])
+        return _unflatten(spec, []), _unflatten(spec, []), _unflatten(spec, [])
     ms = foreach(torch._foreach_lerp)(_leaves_like(ps, exp_avg, "exp_avg"), gs, 1 - beta1)
     vs = foreach(torch._foreach_mul)(_leaves_like(ps, exp_avg_sq, "exp_avg_sq"), beta2)
     vs = foreach(torch._foreach_addcmul_, fresh=True)(vs, gs, gs, value=1 - beta2)
@@ -145,7 +160,7 @@ def _adam(
     denom = foreach(torch._foreach_add_, fresh=True)(denom, eps)
     update = foreach(torch._foreach_div)(ms, denom)
     update = foreach(torch._foreach_mul_, fresh=True)(update, step_size)
-    return unflatten(spec, foreach(torch._foreach_sub)(ps, update)), unflatten(spec, ms), unflatten(spec, vs)
+    return _unflatten(spec, foreach(torch._foreach_sub)(ps, update)), _unflatten(spec, ms), _unflatten(spec, vs)
 
 
 @torch.no_grad()

@@ -508,3 +508,18 @@ def test_tdtree_vmap_hands_a_tagged_argument_over_with_its_tags() -> None:
     plain = tt.TensorDict({"a": torch.zeros(3, 2)}, [3])
     tt.vmap(lambda q: seen.append(q.tags) or q)(plain)
     assert seen[-1] == frozenset()
+
+
+def test_tdtree_vmap_rule_counts_nodes_in_containers_and_keywords_as_inputs() -> None:
+    td = _node(_dict(), (N,)).lock()
+    other = _node(_dict(lead=())).lock()
+    # a view of a node inside a container argument keeps its tags
+    kept = tt.vmap(lambda pair: pair[0], in_dims=((0, None),))((td, 1.0))
+    assert type(kept) is tt.TensorDict[tt.Locked] and kept.batch_size == (N,)
+    # a node passed as a keyword argument is an input too: returned unmapped, its leaves come back
+    # expanded over the mapped dim, views of its storage
+    out = tt.vmap(lambda q, other: other)(td, other=other)
+    assert type(out) is tt.TensorDict[tt.Locked] and out.batch_size == (N,)
+    assert out["n", "b"].untyped_storage().data_ptr() == other["n", "b"].untyped_storage().data_ptr()
+    # an untagged input among them leaves no tags in common
+    assert type(tt.vmap(lambda q, other: other)(td.unlock(), other=other)) is tt.TensorDict
