@@ -87,8 +87,9 @@ def register(cls: type) -> None:
         return from_meta(cls, meta, values)
 
     def torch_unflatten(values: Any, meta: tuple) -> Any:
-        values = list(values)
-        check_children(meta, values)
+        if meta[1]:  # batch dims, which every child must start with (parameter nodes have none)
+            values = list(values)
+            check_children(meta, values)
         return from_meta(cls, meta, values)
 
     def from_dumpable(ctx: dict[str, Any]) -> tuple:

@@ -175,6 +175,48 @@ def test_functional_call_kwargs_and_tuple_of_nodes() -> None:
     assert m.scale.item() == 2.0
 
 
+def test_functional_call_entry_that_is_no_parameter_or_buffer_is_set_for_the_call() -> None:
+    """An entry naming a plain tensor attribute is set for the call and put back, as by
+    torch.func.functional_call, also when entries before it were parameters."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.scale = torch.tensor(2.0)  # a plain attribute, neither parameter nor buffer
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale
+
+    m = Scaled()
+    weight, scale = m.lin.weight, m.scale
+    x = torch.randn(3, 2)
+    w, b = torch.randn(2, 2), torch.randn(2)
+    p = tt.TensorDict({"lin": {"weight": w, "bias": b}, "scale": torch.tensor(3.0)})
+    assert_close(functional_call(m, p, x), (x @ w.T + b) * 3.0)
+    assert m.scale is scale and m.lin.weight is weight and "scale" not in m._buffers
+
+
+def test_functional_call_puts_the_module_tensors_back_when_forward_raises() -> None:
+    class Failing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.register_buffer("count", torch.zeros(()))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            assert self.lin.weight is not weight and self.count is not count
+            raise RuntimeError("forward failed")
+
+    m = Failing()
+    weight, count = m.lin.weight, m.count
+    zeros = tt.tree.map(torch.zeros_like, from_module(m))
+    with pytest.raises(RuntimeError, match="forward failed"):
+        functional_call(m, zeros, torch.randn(1, 2))
+    assert m.lin.weight is weight and m.count is count
+    assert m.lin._parameters["weight"] is weight and isinstance(m.lin.weight, nn.Parameter)
+
+
 def test_functional_call_batchnorm_eval_uses_node_buffers() -> None:
     m = ConvNet().eval()
     x = torch.randn(2, 1, 6, 6)

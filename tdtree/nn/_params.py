@@ -12,11 +12,15 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling
 
 from .._base import Node, make
 from .._node import TensorDict
 
 __all__ = ["from_module", "functional_call"]
+
+# modules torch's functional_call refuses (with its own error): they take its path
+_REFUSED = (torch.jit.ScriptModule, nn.DataParallel)
 
 
 _NO_BATCH = torch.Size(())
@@ -127,13 +131,39 @@ def _ids(module: nn.Module, out: list[int]) -> None:
             _ids(sub, out)
 
 
+def _untied(module: nn.Module) -> bool:
+    """Whether no tensor of ``module`` sits at two paths (tied weights, a shared sub-module)."""
+    ids: list[int] = []
+    _ids(module, ids)
+    return len(set(ids)) == len(ids)
+
+
+def _swap(module: nn.Module, node: Node, saved: list[tuple[dict[str, Any], str, Any]]) -> bool:
+    """Put ``node``'s tensors in ``module``'s parameter and buffer dicts, each replaced entry noted in ``saved``
+    (its dict, key and old value); False, at the first entry that is not a parameter, buffer or sub-module
+    of the module, for torch's functional_call to handle."""
+    params, buffers, subs = module._parameters, module._buffers, module._modules
+    for k, v in node._data.items():
+        if isinstance(v, Node):
+            sub = subs.get(k)
+            if sub is None or not _swap(sub, v, saved):
+                return False
+        elif k in params:
+            saved.append((params, k, params[k]))
+            params[k] = v
+        elif k in buffers:
+            saved.append((buffers, k, buffers[k]))
+            buffers[k] = v
+        else:
+            return False
+    return True
+
+
 def _tie(module: nn.Module, flat: dict[str, torch.Tensor]) -> None:
     # Tied paths share one tensor in the module; every path of a tied group
     # takes the value given for its first path (module order: parameters, then
     # buffers), so a gradient or an optimiser step never unties them.
-    ids: list[int] = []
-    _ids(module, ids)
-    if len(set(ids)) == len(ids):
+    if _untied(module):
         return  # no tensor at two paths: the common case costs one walk that builds no names
     groups: dict[torch.Tensor, list[str]] = {}
     _paths(module, "_parameters", "", groups)
@@ -157,9 +187,14 @@ def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: A
             (torch's ``strict=False``).
         *args, **kwargs: the module's arguments.
 
-    A thin layer over ``torch.func.functional_call``, so ``torch.func.grad``,
-    ``vmap`` and ``torch.compile`` see through it; gradients come back as a node
-    of the same layout.
+    For the call the node's tensors take the place of the module's own in its
+    parameter and buffer dicts, as ``torch.func.functional_call`` puts them
+    there, and its own are put back after it, also when it raises. Compiled
+    code, modules with tied weights, and nodes with an entry that is no
+    parameter, buffer or sub-module of the module go through
+    ``torch.func.functional_call`` itself. ``torch.func.grad``, ``vmap`` and
+    ``torch.compile`` see through it; gradients come back as a node of the
+    same layout.
 
     Tied weights: a tied group takes the value of its first path (the order
     of ``module.named_parameters()``); values at the group's other paths are
@@ -175,8 +210,19 @@ def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: A
     >>> functional_call(m, p, torch.ones(3, 2)).flatten().tolist()
     [0.0, 0.0, 0.0]
     """
+    nodes = params if isinstance(params, tuple) else (params,)
+    # the swap done here, not by torch: its functional_call names every entry by its dotted path and
+    # finds the sub-module again for each (dynamo traces it as a special case, so compiled code keeps it)
+    if not (is_compiling() or torch.jit.is_tracing()) and not isinstance(module, _REFUSED) and _untied(module):
+        saved: list[tuple[dict[str, Any], str, Any]] = []
+        try:
+            if all(_swap(module, node, saved) for node in nodes):
+                return module(*args, **kwargs)
+        finally:
+            for entries, key, value in reversed(saved):
+                entries[key] = value
     flat: dict[str, torch.Tensor] = {}
-    for node in params if isinstance(params, tuple) else (params,):
+    for node in nodes:
         _flat(node, "", flat)
     _tie(module, flat)
     return torch.func.functional_call(module, flat, args, kwargs, tie_weights=False, strict=False)
