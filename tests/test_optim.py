@@ -172,3 +172,29 @@ def test_sgd_first_momentum_buffer_is_a_copy_of_the_gradients() -> None:
         assert buf[key].data_ptr() != g[key].data_ptr()
     g.update_({"w": torch.zeros(3)})  # the caller reuses its gradient buffer
     torch.testing.assert_close(buf["w"], torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("which", ["sgd", "adam"])
+def test_steps_over_dicts_and_mixed_trees_equal_the_steps_over_nodes(which: str) -> None:
+    """Nodes are walked directly and other trees through optree: the same leaves in the same order."""
+    p, g = params_and_grads()
+    pd, gd = p.to_dict(), g.to_dict()
+
+    def step(params: Any, grads: Any) -> tuple[Any, Any]:
+        if which == "sgd":
+            first = sgd(params, grads, 0.1, momentum=0.9)
+            return sgd(params, grads, 0.1, momentum=0.9, momentum_state=first[1])
+        return adam(params, grads, adam_init(params), lr=0.1)
+
+    on_nodes, node_state = step(p, g)
+    on_dicts, dict_state = step(pd, gd)
+    assert type(on_dicts) is dict and type(on_dicts["sub"]) is dict
+    assert_close(tt.TensorDict(on_dicts), on_nodes)
+    mixed, _ = step(p, gd)  # node parameters, gradients as a dict of the same keys
+    assert type(mixed) is tt.TensorDict
+    assert_close(mixed, on_nodes)
+    # by hand: the second SGD step's buffer is 0.9 g + g; Adam's first step moves each weight by lr * sign(g)
+    expected = p["w"] - 0.1 * (0.9 * g["w"] + g["w"]) if which == "sgd" else p["w"] - 0.1 * g["w"].sign()
+    torch.testing.assert_close(on_dicts["w"], expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(tt.tree.leaves(dict_state), tt.tree.leaves(node_state), strict=True):
+        torch.testing.assert_close(a, b)
