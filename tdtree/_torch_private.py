@@ -20,6 +20,10 @@ Makefile pins).
   size the trace cannot know, and the answer is "it may", so the rule fails safe.
 * torch's pytree registry (``torch.utils._pytree``): how ``torch.func``, ``torch.compile`` and
   ``torch.export`` see nodes and tensorclasses as trees; it has no public spelling.
+* ``nn.Module``'s ``_parameters`` / ``_buffers`` / ``_modules`` dicts, read and written (for the
+  call) by ``tdtree.nn`` (``from_module``, ``functional_call``) as ``torch.func.functional_call``
+  itself does; they are attributes of every module, so they are not re-exported here, and the test
+  checks a module's call reads what is put in them.
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """

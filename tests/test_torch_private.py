@@ -195,3 +195,17 @@ def test_torch_pytree_registers_with_the_arguments_tdtree_gives():
     assert leaves[0] is node["a"] and P.torch_pytree.tree_unflatten(leaves, spec)["a"] is node["a"]
     paths = [path for path, _ in P.torch_pytree.tree_flatten_with_path(node)[0]]
     assert paths == [(P.torch_pytree.MappingKey("a"),)]
+
+
+def test_module_dicts_hold_the_tensors_a_call_reads():
+    # tdtree.nn reads a module's tensors from these dicts and puts a node's there for functional_call
+    lin = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    assert list(lin._modules) == ["0", "1"] and list(lin[0]._parameters) == ["weight", "bias"]
+    assert set(lin[1]._buffers) == {"running_mean", "running_var", "num_batches_tracked"}
+    old = lin[0]._parameters["weight"]
+    lin[0]._parameters["weight"] = torch.zeros(2, 2)
+    lin[0]._parameters["bias"] = torch.ones(2)
+    try:
+        assert torch.equal(lin[0](torch.randn(3, 2)), torch.ones(3, 2))
+    finally:
+        lin[0]._parameters["weight"] = old
