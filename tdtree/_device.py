@@ -1,9 +1,11 @@
 """Devices, dtypes, layout and memory size.
 
 ``Tensor.to`` and ``Tensor.contiguous`` return the very tensor when nothing
-changes, so ``to(same device)`` and ``contiguous()`` of a contiguous node
-reuse every storage and the tag rule keeps the tags; a real move or copy
-drops them.
+changes, and so do ``to`` / ``cpu`` / ``cuda`` / ``contiguous`` here with the
+node: the same device (told by the node's device alone), every leaf already of
+that dtype or contiguous (told by reading each leaf's dtype or layout, nothing
+built). The node keeps its tags, which the rule would keep too (same storages).
+Otherwise the result is a new node, and a real move or copy drops the tags.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 
 from ._base import Node, NodeT, make
-from ._maps import flat, map_leaves
+from ._maps import flat, leaves, map_leaves
 from ._tags import storage_key, tag_rule
 
 __all__ = ["to", "cpu", "cuda", "pin_memory", "contiguous", "nbytes"]
@@ -39,7 +41,15 @@ def _moved(node: NodeT, device: torch.device, leaf_fn: Any) -> NodeT:
     return make(type(node), data, node._meta[1], device)
 
 
-@tag_rule
+def _all_of(dtype: torch.dtype, node: Node) -> bool:
+    """Whether every leaf of ``node`` has ``dtype``: a read of each leaf's dtype, nothing built."""
+    # a loop, not a map of an attrgetter: dynamo traces the loop
+    for leaf in leaves(node):
+        if leaf.dtype != dtype:
+            return False
+    return True
+
+
 def to(
     node: NodeT, *args: Any, device: Any = None, dtype: torch.dtype | None = None, non_blocking: bool = False
 ) -> NodeT:
@@ -54,8 +64,10 @@ def to(
         non_blocking: passed to ``Tensor.to``.
 
     Returns:
-        A node whose ``device`` (and every sub-node's) is ``device`` when one is given. Tags follow
-        the rule: kept when nothing moves or changes dtype (the leaves are reused), dropped otherwise.
+        ``node`` itself, tags kept, when nothing would change (the node's device is ``device``,
+        every leaf has ``dtype``), as ``Tensor.to`` returns the tensor itself. Otherwise a new
+        node whose ``device`` (and every sub-node's) is ``device`` when one is given; tags follow
+        the rule: kept when every leaf is reused, dropped when one moves or changes dtype.
 
     Raises:
         TypeError: an argument is neither a device nor a dtype, or one is given twice.
@@ -66,12 +78,19 @@ def to(
     (True, frozenset(), torch.float16)
     """
     dev, dt = _parse(args, device, dtype)
+    # a node's device, when it has one, is every leaf's and every sub-node's: no leaf to visit
+    if (dev is None or dev == node._meta[2]) and (dt is None or _all_of(dt, node)):
+        return node
+    return _to(node, dev, dt, non_blocking)
+
+
+@tag_rule
+def _to(node: NodeT, dev: torch.device | None, dt: torch.dtype | None, non_blocking: bool) -> NodeT:
     if dev is None:
         return map_leaves(lambda x: x.to(dtype=dt, non_blocking=non_blocking), node)
     return _moved(node, dev, lambda x: x.to(device=dev, dtype=dt, non_blocking=non_blocking))
 
 
-@tag_rule
 def cpu(node: NodeT) -> NodeT:
     """``to("cpu")``.
 
@@ -79,12 +98,15 @@ def cpu(node: NodeT) -> NodeT:
         node: the node (``self`` as a method).
 
     Returns:
-        A node on the CPU: the same leaves, tags kept, when already there; else copies, tags dropped.
+        ``node`` itself when its device is the CPU; else a node on the CPU (tags by the rule: kept
+        only when every leaf was there already).
     """
-    return to(node, torch.device("cpu"))
+    return to(node, _CPU)
 
 
-@tag_rule
+_CPU = torch.device("cpu")
+
+
 def cuda(node: NodeT, device: int | torch.device | str | None = None, non_blocking: bool = False) -> NodeT:
     """``to(device)`` for a CUDA ``device``.
 
@@ -94,7 +116,8 @@ def cuda(node: NodeT, device: int | torch.device | str | None = None, non_blocki
         non_blocking: passed to ``Tensor.to``.
 
     Returns:
-        A node on that device: the same leaves, tags kept, when already there; else copies, tags dropped.
+        ``node`` itself when its device is that one; else a node on it (tags by the rule: kept
+        only when every leaf was there already).
 
     torch raises (RuntimeError, or AssertionError in a build without CUDA) when the device is not there.
     """
@@ -119,7 +142,6 @@ def pin_memory(node: NodeT) -> NodeT:
     return map_leaves(lambda x: x if x.is_pinned() else x.pin_memory(), node)
 
 
-@tag_rule
 def contiguous(node: NodeT) -> NodeT:
     """Every leaf contiguous: contiguous leaves are reused, others copied.
 
@@ -127,9 +149,17 @@ def contiguous(node: NodeT) -> NodeT:
         node: the node (``self`` as a method).
 
     Returns:
-        A node with contiguous leaves. Tags follow the rule: kept when every leaf already was
-        contiguous (the same leaves), else dropped.
+        ``node`` itself, tags kept, when every leaf already is contiguous, as ``Tensor.contiguous``
+        returns the tensor itself; else a new node, tags dropped when a copy holds data.
     """
+    for leaf in leaves(node):
+        if not leaf.is_contiguous():
+            return _contiguous(node)
+    return node
+
+
+@tag_rule
+def _contiguous(node: NodeT) -> NodeT:
     return map_leaves(torch.Tensor.contiguous, node)
 
 

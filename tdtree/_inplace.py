@@ -46,8 +46,8 @@ from ._foreach import foreach
 from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
 from ._pytree import NAMESPACE
-from ._torch_private import storage_id, storage_ids, transforms_active
-from ._validate import nest
+from ._torch_private import storage_id, storage_ids, storages, transforms_active
+from ._validate import CPU, nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError, WriteShapeError, WriteTypeError
 
 __all__ = [
@@ -368,11 +368,13 @@ _is_compiling = torch.compiler.is_compiling
 
 def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
     """For each of ``values``: whether it uses a storage one of ``targets`` uses; ``()`` when none does."""
-    # Eager only (compiled code copies every value, see _Writes.run). The identity is
-    # tags.storage_key's, without its zero-byte exception: a shared empty storage only
-    # costs a needless clone of an empty value.
-    known = set(storage_ids(targets))
-    keys = list(storage_ids(values))
+    # Eager only (compiled code copies every value, see read_first). The identity is the storage's
+    # Python object: torch keeps one per storage for as long as the storage lives (the tensors here
+    # keep theirs alive), so its id() tells storages apart as tags.storage_key's C++ identity does,
+    # for less; without storage_key's zero-byte exception, as a shared empty storage only costs a
+    # needless clone of an empty value.
+    known = set(map(id, storages(targets)))
+    keys = list(map(id, storages(values)))
     if known.isdisjoint(keys):
         return ()
     return tuple(key in known for key in keys)
@@ -381,6 +383,8 @@ def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[b
 def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...], same: bool, out: _Writes) -> None:
     data = node._data
     add_dst, add_src = out.dst.append, out.src.append
+    # a node's device, when set, is every leaf's: on the CPU a value's is_cpu tells all (a mapping's values)
+    cpu = not same and node._meta[2] == CPU
     for k, v in source.items():
         current = data.get(k, MISSING)
         if (
@@ -388,7 +392,7 @@ def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...]
             and isinstance(current, Tensor)
             and v.dtype == current.dtype
             and v.shape == current.shape
-            and (same or v.device == current.device)
+            and (same or (v.is_cpu if cpu else v.device == current.device))
             and current.is_contiguous()
         ):
             add_dst(current)

@@ -47,36 +47,47 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_Tensor = torch.Tensor
+
 
 def retag(node: Any, tags: frozenset) -> Any:
     """``node`` with every sub-node carrying exactly ``tags`` (leaves reused, node returned when it already does)."""
     if not isinstance(node, Node):
         return node
-    return _retag(node, tags, {})
+    out = _retag(node, tags, {})
+    return node if out is None else out
 
 
-def _retag(node: Node, tags: frozenset, types: dict[type, type]) -> Node:
-    # One pass bottom up: a sub-tree already carrying ``tags`` everywhere comes back as it is.
-    # ``types`` holds the tagged type of each root met, looked up once per call.
+def _retag(node: Node, tags: frozenset, types: dict[type, Any]) -> Node | None:
+    """``node`` rebuilt carrying ``tags``, or None when every node of it carries them already.
+
+    One pass bottom up that rebuilds only the nodes (a leaf is passed over at one
+    type test); a sub-tree already carrying ``tags`` everywhere is kept as it is.
+    ``types`` holds the tagged type of each root type met, looked up once per call.
+    """
     data = node._data
+    new = None
     for k, v in data.items():
-        if isinstance(v, Node):
-            new = _retag(v, tags, types)
-            if new is not v:
-                if data is node._data:  # the first changed sub-node: copy the entries once
-                    data = dict(data)
-                data[k] = new
-    if data is node._data and type(node)._tags == tags:
-        return node
+        if type(v) is _Tensor or not isinstance(v, Node):
+            continue
+        out = _retag(v, tags, types)
+        if out is not None:
+            if new is None:  # the first changed sub-node: copy the entries once
+                new = dict(data)
+            new[k] = out
+    if new is None:
+        if type(node)._tags == tags:
+            return None
+        # a node's entries never change once built, so an unchanged dict is shared, as a shallow clone shares it
+        new = data
     root = type(node)._root
-    # a node's entries never change once built, so an unchanged dict is shared, as a shallow clone shares it
     keys, batch_size, device, _ = node._meta
     if not tags:
-        return with_meta(root, data, (keys, batch_size, device, NO_TAGS))
-    cls: Any = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
+        return with_meta(root, new, (keys, batch_size, device, NO_TAGS))
+    cls = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
     if cls is None:
         cls = types[root] = variant(root, tags)
-    return make_tagged(cls, data, (keys, batch_size, device, cls._tags))
+    return make_tagged(cls, new, (keys, batch_size, device, cls._tags))
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
@@ -132,9 +143,6 @@ def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
         elif isinstance(v, Node):
             uniform = _scan(v, tags, out) and uniform
     return uniform
-
-
-_Tensor = torch.Tensor
 
 
 def _is_key(x: Any) -> bool:

@@ -167,6 +167,40 @@ def test_to_same_device_reuses_leaves_and_keeps_tags():
     assert td.cpu().tags == frozenset({Locked})
 
 
+def test_to_that_changes_nothing_is_the_node_itself():
+    # as Tensor.to returns the tensor itself: the same object, tags and all
+    td = node().share_memory()
+    assert td.device == torch.device("cpu")
+    for out in (
+        td.to("cpu"),
+        td.to(torch.device("cpu"), non_blocking=True),
+        td.cpu(),
+        td.to(torch.float32),
+        td.to(dtype=torch.float32),
+        td.to("cpu", torch.float32),
+        td.float(),
+        td.to(),
+        td.contiguous(),
+    ):
+        assert out is td
+    meta = TensorDict({"a": torch.zeros(2, device="meta")}, [2])
+    assert meta.to("meta") is meta
+
+
+def test_to_that_changes_something_is_a_new_node():
+    td = TensorDict({"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.float64)}, [2])
+    out = td.to(torch.float64)
+    assert out is not td and out["b"] is td["b"] and out["a"].dtype == torch.float64
+    assert td.to("cpu", torch.float64) is not td
+    assert td.to("meta").device == torch.device("meta")
+    # a node without a device (no leaves) takes the one given, and every sub-node with it
+    empty = TensorDict({"sub": {}}, [2])
+    assert empty.device is None
+    moved = empty.to("cpu")
+    assert moved is not empty and moved.device == moved["sub"].device == torch.device("cpu")
+    assert empty.to(torch.float64) is empty  # no leaf to convert, no device asked for
+
+
 def test_to_sets_device_on_every_sub_node():
     td = TensorDict({"a": torch.zeros(2), "sub": {"c": torch.zeros(2)}}, [2])
     out = td.to(torch.device("cpu"))
@@ -232,7 +266,7 @@ def test_pin_memory():
 def test_contiguous_of_contiguous_keeps_leaves_and_tags():
     td = node().lock()
     out = td.contiguous()
-    assert out["a"] is td["a"]
+    assert out is td
     assert out.tags == frozenset({Locked})
 
 

@@ -124,6 +124,12 @@ TAG_CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[Any, ...]]]
     "nested-lock": (lambda td: td.set("n", td["n"].lock()), untagged),
     "nested-unlock": (lambda td: td.unlock()["n"].unlock(), shared),
     "sub-node-of-locked": (lambda td: td["n"], locked),
+    # no-op moves return the node itself, eager and compiled; real ones drop the tags
+    "to-same-device": (lambda td: (td.to("cpu"), td.cpu()), shared),
+    "to-same-dtype": (lambda td: td.to(torch.float32), locked),
+    "to-other-dtype-drops": (lambda td: td.to(torch.float64), shared),
+    "contiguous-of-contiguous": (lambda td: td.contiguous(), shared),
+    "contiguous-of-strided-drops": (lambda td: (td[::2], td[::2].contiguous()), shared),
     "tagged-types": (
         lambda td: (
             td["x"] * (2 if isinstance(td, TensorDict[Shared]) else 3)

@@ -91,6 +91,25 @@ def test_update_reads_all_values_before_writing() -> None:
     assert torch.equal(td["a"], torch.tensor([4.0, 3.0]))
 
 
+def test_update_reads_first_a_value_sharing_a_leaf_storage_through_another_tensor() -> None:
+    # the alias test goes by storage, whatever tensor object views it: a detached one, one made by set_()
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])
+    td = tt.TensorDict({"a": a, "b": b}, batch_size=[2])
+    on_b = torch.empty(0).set_(b.untyped_storage(), 0, (2,), (1,))
+    td.update_({"a": on_b, "b": a.detach()})
+    assert torch.equal(a, torch.tensor([3.0, 4.0])) and torch.equal(b, torch.tensor([1.0, 2.0]))
+    td.copy_(tt.TensorDict({"a": b.detach(), "b": torch.empty(0).set_(a.untyped_storage(), 0, (2,), (1,))}, [2]))
+    assert torch.equal(a, torch.tensor([1.0, 2.0])) and torch.equal(b, torch.tensor([3.0, 4.0]))
+
+
+def test_update_from_a_mapping_checks_each_value_device() -> None:
+    # a node's device is every leaf's: on the CPU a mapping's values are told by is_cpu
+    td = tt.TensorDict({"a": torch.zeros(2), "sub": {"c": torch.zeros(2)}}, batch_size=[2])
+    with pytest.raises(WriteError, match=r"\('sub', 'c'\) is on cpu and the value is on meta"):
+        td.update_({"a": torch.ones(2), "sub": {"c": torch.ones(2, device="meta")}})
+    assert torch.equal(td["a"], torch.zeros(2))
+
+
 def test_update_reads_a_value_before_a_number_overwrites_its_leaf() -> None:
     td = tt.TensorDict({"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 4.0])}, batch_size=[2])
     td.update_({"a": 0.0, "b": td["a"]})
