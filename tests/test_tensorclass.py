@@ -279,6 +279,64 @@ def test_batch_prefix_names_the_field():
         Obs(torch.zeros(4), inner, TensorDict({}, [4]), batch_size=[4])
 
 
+class Pair(tt.TensorClass):
+    b: torch.Tensor
+    a: torch.Tensor
+    tag: str = "t"
+
+
+def _outcome(build: Callable[[], Any]) -> Any:
+    """The node's (keys, batch_size, device) and leaves, or the error's type and message."""
+    try:
+        out = build()
+    except Exception as err:  # noqa: BLE001 - every error is compared
+        return type(err), str(err)
+    node = out if isinstance(out, TensorDict) else out.to_tensordict()
+    return node._meta[:3], list(node.values())
+
+
+_z4 = torch.zeros(4)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "batch_size", "device"),
+    [
+        (torch.zeros(4, 3), _z4, [4], None),
+        (torch.zeros(2, 3, 4), torch.zeros(2, 3), (2, 3), None),
+        (torch.zeros(2, 3, 4, 5), torch.zeros(2, 3, 4), torch.Size([2, 3, 4]), None),
+        (_z4, _z4, 4, None),
+        (_z4, _z4, None, torch.device("cpu")),
+        (_z4, _z4, [4], "cpu"),
+        (_z4, torch.zeros(4, device="meta"), [4], None),
+        (_z4, _z4, [4], "meta"),
+        (torch.zeros(3), _z4, [4], None),
+        (torch.zeros(4, 2), torch.zeros(4, 3), [4, 2], None),
+        (torch.zeros(()), _z4, [4], None),
+        (_z4, _z4, [-1], None),
+        (_z4, _z4, "x", None),
+        (_z4, _z4, [4], "nope"),
+    ],
+    ids=lambda v: repr(v)[:20],
+)
+def test_constructor_checks_are_the_tensordict_constructors(a, b, batch_size, device):
+    # One validator: the node a tensorclass builds, or its error, is the TensorDict constructor's, by
+    # name (the fast path) and by position alike; a BatchSizeError adds the class's name.
+    expected = _outcome(lambda: TensorDict({"a": a, "b": b}, batch_size, device))
+    for build in (
+        lambda: Pair(b=b, a=a, batch_size=batch_size, device=device),
+        lambda: Pair(b, a, batch_size=batch_size, device=device),
+    ):
+        got = _outcome(build)
+        if expected[0] is BatchSizeError:
+            assert got == (BatchSizeError, f"Pair: {expected[1]}")
+        elif isinstance(expected[0], type):
+            assert got == expected
+        else:
+            assert got[0] == expected[0]
+            for x, y, given in zip(got[1], expected[1], (a, b), strict=True):
+                assert (x.shape, x.device) == (y.shape, y.device) and (x is given) == (y is given)
+
+
 def test_class_body_errors():
     with pytest.raises(FieldError, match="field 'shape' is the name of a tensorclass attribute"):
 
