@@ -37,12 +37,12 @@ from typing import Any
 
 import torch
 
-from ._base import Node
+from ._base import Layout, Node, layout
 from ._keys import display
 from ._memmap import _ORIGIN
 from ._node import TensorDict
 from ._tags import Locked, Memmap, Shared, retag
-from ._tensorclass import Layout, TensorClass, from_layout, layout
+from ._tensorclass import TensorClass, from_layout
 from ._tensorclass._class import _hints, _tensorclass_in
 from ._validate import as_batch_size, build
 from .errors import FieldError

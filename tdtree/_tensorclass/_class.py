@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import torch
 
+from .._base import Layout, layout
 from .._node import TensorDict
 from .._repr import record_repr
 from .._tags import Locked, tag_rule
 from .._validate import STATIC_TYPES, Check, bind, field_value, fill_record, hint_name, record, split
 from ..errors import BatchSizeError, FieldError, LockedError
-from ._layout import Layout, layout
 from ._ops import RecordOps
 from ._pytree import register, rewrap
 

@@ -1,4 +1,5 @@
-"""The operations of a tensorclass: thin methods over the TensorDict operations of its inner node.
+"""The operations of a tensorclass: thin methods over the TensorDict operations of its inner node
+(``tdtree.stack`` / ``cat`` of instances are :mod:`tdtree._combine`'s).
 
 Each method runs the TensorDict method on ``self._td`` (tensorclass operands
 unwrapped to their inner nodes) and rewraps the node it returns as the same
@@ -15,16 +16,16 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import torch
 
-from .. import _combine
-from .._base import Holder, Node
+from .._base import Holder, Node, layout
+from .._combine import COMBINING
 from .._memmap import memmap
 from .._tags import Locked, Memmap, Shared, Tag
-from ._layout import layout, record
+from ._layout import record
 
 if TYPE_CHECKING:
     from .._node import TensorDict
 
-__all__ = ["RecordOps", "stack", "cat"]
+__all__ = ["RecordOps"]
 
 
 def _unwrap(x: Any) -> Any:
@@ -377,8 +378,9 @@ class RecordOps(Holder):
     ) -> Any:
         """``torch.stack``/``cat`` of instances, ``torch.zeros_like`` & co., and ``tensor OP instance``:
         the node's answer rewrapped; other functions decline."""
-        if func in _STACKING:
-            return _STACKING[func](*args, **(kwargs or {}))
+        combine = COMBINING.get(func)
+        if combine is not None:
+            return combine(*args, **(kwargs or {}))
         template = next((a for a in args if isinstance(a, RecordOps)), None)
         if template is None:
             return NotImplemented
@@ -408,7 +410,6 @@ class RecordOps(Holder):
         return self._wrap(self._td.bool())
 
 
-T = TypeVar("T", bound="Node | RecordOps")
 R = TypeVar("R", bound=RecordOps)
 
 
@@ -445,47 +446,3 @@ class RecordAt(Generic[R]):
 
     def __getitem__(self, index: Any) -> RecordAtIndex[R]:
         return RecordAtIndex(self._obj, index)
-
-
-def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int) -> Any:
-    if not isinstance(items, (list, tuple)) or not items or not isinstance(items[0], RecordOps):
-        return fn(items, dim)
-    first = items[0]
-    shape = layout(first)
-    for i, item in enumerate(items):
-        if type(item) is not type(first):
-            raise TypeError(f"{what}: item {i} is a {type(item).__name__}, not a {type(first).__name__}")
-        if layout(item) != shape:
-            raise ValueError(
-                f"{what}: item {i}'s static fields {layout(item)[1]} differ from item 0's {shape[1]}; "
-                "instances combine only with equal static fields"
-            )
-    return first._wrap(fn([item._td for item in items], dim))
-
-
-def stack(nodes: Sequence[T], dim: int = 0) -> T:
-    """Nodes, or instances of one tensorclass with equal static fields, stacked along a new batch dim
-    ``dim``; see :func:`tdtree._combine.stack`. Tags dropped (new storage).
-
-    >>> import torch, tdtree as tt
-    >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
-    >>> tt.stack([td, td + 1], dim=1)["x"]
-    tensor([[0., 1.],
-            [0., 1.],
-            [0., 1.]])
-    """
-    return _combined("stack", _combine.stack, nodes, dim)
-
-
-def cat(nodes: Sequence[T], dim: int = 0) -> T:
-    """Nodes, or instances of one tensorclass with equal static fields, concatenated along batch dim
-    ``dim``; see :func:`tdtree._combine.cat`. Tags dropped (new storage)."""
-    return _combined("cat", _combine.cat, nodes, dim)
-
-
-_STACKING: dict[Any, Callable[..., Any]] = {
-    torch.stack: stack,
-    torch.cat: cat,
-    torch.concat: cat,
-    torch.concatenate: cat,
-}
