@@ -147,7 +147,7 @@ def from_tensordict(td: Any, /, cls: type | None = None) -> Any:
     """A tdtree node holding the same tensors as the tensordict (or tensorclass instance) ``td``.
 
     The module functions cross to the tensordict package; a tdtree tensorclass's
-    ``from_tensordict`` / ``to_tensordict`` methods stay inside tdtree (a tdtree TensorDict).
+    ``from_node`` / ``to_node`` methods stay inside tdtree (a tdtree TensorDict).
 
     Args:
         td: a ``tensordict.TensorDict`` or a tensordict tensorclass instance;

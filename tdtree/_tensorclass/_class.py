@@ -200,15 +200,15 @@ def replaced(tc: Any, changes: dict[str, Any]) -> Any:
     return obj
 
 
-def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
+def from_node(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
     """An instance of ``cls`` holding the entries of ``td`` as its data fields, ``static`` as the rest.
 
     An entry whose field is annotated with a tensorclass becomes that class (by its own
-    ``from_tensordict``); the result keeps ``td``'s tags (the same leaves).
+    ``from_node``); the result keeps ``td``'s tags (the same leaves).
     """
     if not isinstance(td, TensorDict):
         raise TypeError(
-            f"{cls.__name__}.from_tensordict takes a tdtree TensorDict, got {type(td).__name__}; for a "
+            f"{cls.__name__}.from_node takes a tdtree TensorDict, got {type(td).__name__}; for a "
             f"tensordict package object use tdtree.from_tensordict(td, cls={cls.__name__})"
         )
     hints = _hints(cls)
@@ -219,9 +219,9 @@ def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
                 f"{cls.__name__} has no field {key!r} (a key of the TensorDict); its fields are {list(cls._fields)}"
             )
         if key in values:
-            raise FieldError(f"{cls.__name__}.from_tensordict: field {key!r} given both in the TensorDict and by name")
+            raise FieldError(f"{cls.__name__}.from_node: field {key!r} given both in the TensorDict and by name")
         sub = _tensorclass_in(hints.get(key, Any))
-        values[key] = sub.from_tensordict(value) if sub is not None and isinstance(value, TensorDict) else value
+        values[key] = sub.from_node(value) if sub is not None and isinstance(value, TensorDict) else value
     obj = object.__new__(cls)
     bound = bind(cls, (), values)
     data, static_pairs = split(cls, _checks(cls), bound)
@@ -368,13 +368,19 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
         return rewrap(self, out)  # type: ignore[no-any-return]
 
     @classmethod
-    def from_tensordict(cls, td: TensorDict, **static: Any) -> typing.Self:
+    def from_node(cls, td: TensorDict, **static: Any) -> typing.Self:
         """An instance whose data fields are ``td``'s entries (same leaves, same tags) and whose other
-        fields are given by name (or defaults).
+        fields are given by name (or defaults); the inverse of :meth:`to_node`.
 
-        ``td`` is a tdtree :class:`TensorDict`, as tensordict's method of this name takes that package's
-        own; :func:`tdtree.from_tensordict` (``cls=``) converts from the tensordict package."""
-        return from_tensordict(cls, td, static)  # type: ignore[no-any-return]
+        ``td`` is a tdtree :class:`TensorDict`; :func:`tdtree.from_tensordict` (``cls=``) converts from
+        the tensordict package.
+
+        Raises:
+            TypeError: ``td`` is not a tdtree TensorDict (the message names ``tdtree.from_tensordict``).
+            FieldError: a key of ``td`` is no field, a field is given twice or missing, or a value
+                does not fit its field.
+        """
+        return from_node(cls, td, static)  # type: ignore[no-any-return]
 
 
 TensorClass.__module__ = "tdtree"

@@ -92,9 +92,10 @@ class RecordOps(Holder):
         """The bytes of the distinct storages the data fields use."""
         return self._td.nbytes
 
-    def to_tensordict(self) -> TensorDict:
+    def to_node(self) -> TensorDict:
         """The inner node: the data fields (nested tensorclasses as nodes), same leaves and tags;
-        static fields are not in it."""
+        static fields are not in it. ``type(self).from_node(node, **static fields)`` gives the
+        instance back; :func:`tdtree.to_tensordict` converts to the tensordict package."""
         return self._td
 
     def __bool__(self) -> bool:
