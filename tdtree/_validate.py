@@ -13,7 +13,7 @@ raised before anything is built.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -411,24 +411,25 @@ def fill_record(obj: Any, td: Node, static: tuple[tuple[str, Any], ...], values:
 def record(
     obj: Any,
     root: type[Node],
-    checks: Sequence[Check],
-    tensors_only: tuple[str, ...] | None,
+    checks_of: Callable[[Any], Sequence[Check]],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     batch_size: Any,
     device: Any,
 ) -> None:
     """Write the slots of ``obj``, a tensorclass instance fresh from its constructor, from the
-    constructor's arguments; its inner node is of type ``root``. ``tensors_only``: the fields in
-    canonical order when every field takes a plain tensor, else None.
+    constructor's arguments; its inner node is of type ``root``. ``checks_of(cls)`` makes the class's
+    checks once (and ``cls._tensors_only``: the fields in canonical order when every field takes a
+    plain tensor, else None); they are kept as ``cls._checks``.
 
     The fields are bound (:func:`bind`) and checked (:func:`split`), then the batch size, the device
     and the data entries as the TensorDict constructor checks them (:func:`_checked`); a
     BatchSizeError names the class.
     """
-    if not args and _plain_record(obj, root, checks, tensors_only, kwargs, batch_size, device):
-        return
     cls = type(obj)
+    checks = cls.__dict__.get("_checks") or checks_of(cls)
+    if not args and _plain_record(obj, cls, root, checks, kwargs, batch_size, device):
+        return
     values = kwargs if not args and kwargs.keys() == cls._fieldset else bind(cls, args, kwargs)
     data, static = split(cls, checks, values)
     size = as_batch_size(batch_size)
@@ -440,13 +441,7 @@ def record(
 
 
 def _plain_record(
-    obj: Any,
-    root: type[Node],
-    checks: Sequence[Check],
-    tensors_only: tuple[str, ...] | None,
-    kwargs: dict[str, Any],
-    batch_size: Any,
-    device: Any,
+    obj: Any, cls: Any, root: type[Node], checks: Sequence[Check], kwargs: dict[str, Any], batch_size: Any, device: Any
 ) -> bool:
     """:func:`record`'s common case in one pass over the fields, with the checks :func:`_checked` makes
     inline: every field given by name; each data value a plain tensor, or an untagged node of type
@@ -454,7 +449,7 @@ def _plain_record(
     device; each other value a static one of its field's type. False for anything else (``obj``
     partly written): :func:`record` then checks from the start and reports what is wrong, in its order.
     """
-    cls = type(obj)
+    tensors_only: tuple[str, ...] | None = cls._tensors_only
     # Fields given in canonical order (what a tensors-only class keeps as its node's data) are every
     # field by name: one compare of the key tuple then stands for the compare of key sets.
     given = tuple(kwargs) if tensors_only is not None else ()

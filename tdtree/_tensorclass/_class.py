@@ -159,13 +159,6 @@ def _checks(cls: Any) -> tuple[Check, ...]:
     return checks  # type: ignore[no-any-return]
 
 
-def construct(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: Any, device: Any) -> None:
-    """The public constructor's work: every check is :func:`tdtree._validate.record`'s."""
-    cls = type(obj)
-    checks = cls.__dict__.get("_checks") or _checks(cls)
-    record(obj, TensorDict, checks, cls._tensors_only, args, kwargs, batch_size, device)
-
-
 @tag_rule
 def _rebuilt(old: TensorDict, data: dict[str, Any]) -> TensorDict:
     # The old node is the rule's input: the result keeps its tags when every leaf is one it had.
@@ -326,7 +319,8 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
     else:
 
         def __init__(self, *args: Any, batch_size: Any = None, device: Any = None, **kwargs: Any) -> None:
-            construct(self, args, kwargs, batch_size, device)
+            # every check is _validate.record's, the class's own checks made by _checks on first use
+            record(self, TensorDict, _checks, args, kwargs, batch_size, device)
 
         @property
         def batch_size(self) -> torch.Size:
