@@ -117,14 +117,17 @@ def _put(level: dict[str, Any], path: tuple[str, ...], value: Any, made: set[int
         _put(merged, (*path, key), sub, made)
 
 
-def nest(source: Mapping[Any, Any]) -> dict[str, Any]:
+def nest(source: Mapping[Any, Any], copy: bool = True) -> Mapping[str, Any]:
     """A new dict of ``source`` with tuple keys expanded into nested dicts (str keys checked);
-    ``source`` and the mappings in it are never changed."""
+    ``source`` and the mappings in it are never changed. ``copy=False``: ``source`` itself when every
+    key is a str, for a caller that only reads it."""
     # a loop costs less than a set of the key types, at 2 keys as at 100
     for key in source:
         if type(key) is not str:
             break
     else:
+        if not copy:
+            return source
         return {**source}  # not dict(source): dynamo traces that through a polyfill that adds guards
     out: dict[str, Any] = {}
     made = {id(out)}
@@ -224,7 +227,8 @@ def construct(node: Node, source: Mapping[Any, Any] | None, batch_size: Any, dev
     if not source:  # nothing to check, nothing to sort
         fill(node, {}, ((), size, device if device is None else as_device(device), NO_TAGS))
         return
-    data, dev = _checked(node._root, nest(source), size, device if device is None else as_device(device), ())
+    # _checked only reads the entries: the caller's mapping needs no copy
+    data, dev = _checked(node._root, nest(source, False), size, device if device is None else as_device(device), ())
     fill(node, data, (tuple(data), size, dev, NO_TAGS))
 
 
@@ -259,7 +263,7 @@ def _checked(
     # compare: two comparisons in C stand for reading and comparing each batch dim. They compare batch
     # dims only, never a leaf's other dims: under torch.compile with dynamic shapes each comparison of
     # symbolic dims is a guard, and one on a leaf's other dims would recompile for nothing. (hi is
-    # spelled out for one and two dims: slicing a Size costs more than the checks of two leaves.)
+    # spelled out for one and two dims, the common batches: slicing a Size makes a new Size.)
     b = batch_size
     hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
     # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
