@@ -53,7 +53,7 @@ def main() -> None:
     phase = assert_type(first.phase, Phase)
     episode = assert_type(step.episode + 1, int)
     locked = assert_type(step.lock().apply(lambda t: t), Step)
-    back = assert_type(Step.from_tensordict(locked.unlock().to_tensordict(), phase=Phase.EVAL), Step)
+    back = assert_type(Step.from_node(locked.unlock().to_node(), phase=Phase.EVAL), Step)
     print(size, position.shape, phase, episode, len(halves), back.phase, (step + 1).reward[0].item())
 
 

@@ -222,7 +222,7 @@ def test_tag_rule_finds_nodes_in_containers(case, hows):
 def _boxed(node: Node, tags: frozenset) -> Box:
     """A Box around ``node`` whose inner node carries ``tags`` everywhere (the constructor untags)."""
     box = Box(inner=node)
-    return box._wrap(retag(box.to_tensordict(), tags))
+    return box._wrap(retag(box.to_node(), tags))
 
 
 @given(_cases())
@@ -239,14 +239,14 @@ def test_tag_rule_finds_and_rewraps_tensorclasses(case):
 
     got = op(*boxes)
     assert type(got) is Box and got.label == "out"
-    assert all(a is b for a, b in zip(_leaves(got.to_tensordict()), _leaves(results[0]), strict=True))
+    assert all(a is b for a, b in zip(_leaves(got.to_node()), _leaves(results[0]), strict=True))
     if not any(n.tags for n in inputs):
         assert got is result
         return
     common = frozenset.intersection(*(n.tags for n in inputs))
     known = set().union(*(_storages(n) for n in inputs))
     expected = common if _storages(results[0]) <= known else frozenset()
-    assert {n.tags for n in _sub_nodes(got.to_tensordict())} == {expected}
+    assert {n.tags for n in _sub_nodes(got.to_node())} == {expected}
     assert got.inner.tags == expected
 
 
@@ -282,12 +282,12 @@ def test_unflatten_is_untagged_for_every_tagged_type(td, tags):
 
 @given(NODES, TAG_SETS)
 def test_unflatten_of_a_tensorclass_is_untagged(td, tags):
-    box = Box(inner=td)._wrap(retag(Box(inner=td).to_tensordict(), tags))
+    box = Box(inner=td)._wrap(retag(Box(inner=td).to_node(), tags))
     leaves, spec = optree.tree_flatten(box, namespace="tdtree")
     for again in (optree.tree_unflatten(spec, leaves), torch_pytree.tree_unflatten(*torch_pytree.tree_flatten(box))):
         assert type(again) is Box and again.label == "box"
         assert again.tags == frozenset() and again.inner.tags == frozenset()
-        assert all(a is b for a, b in zip(_leaves(again.to_tensordict()), leaves, strict=True))
+        assert all(a is b for a, b in zip(_leaves(again.to_node()), leaves, strict=True))
 
 
 @dataclasses.dataclass

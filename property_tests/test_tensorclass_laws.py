@@ -1,4 +1,4 @@
-"""Laws of tensorclasses: every operation agrees with the same operation on ``to_tensordict()``,
+"""Laws of tensorclasses: every operation agrees with the same operation on ``to_node()``,
 keeps the class and its static fields, leaves the input unchanged; pytree round trips are exact."""
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def agrees(out: Any, rec: Rec, expected: Any) -> None:
     assert type(out) is Rec and type(out.part) is Part
     assert statics(out) == statics(rec)
     assert out.tags == expected.tags
-    assert_equal(out.to_tensordict(), expected)
-    inner = out.to_tensordict()
+    assert_equal(out.to_node(), expected)
+    inner = out.to_node()
     assert out.x is inner["x"] and out.part.y is inner["part", "y"] and out.extras is inner["extras"]
 
 
@@ -84,14 +84,14 @@ OPS: dict[str, Callable[[Any], Any]] = {
 def test_operation_agrees_with_the_tensordict(name, rec):
     op = OPS[name]
     out = assert_pure(op, rec)
-    agrees(out, rec, op(rec.to_tensordict()))
+    agrees(out, rec, op(rec.to_node()))
 
 
 @given(rec=records(), dim=st.integers(0, 1))
 def test_unbind_agrees_with_the_tensordict(rec, dim):
     dim = min(dim, rec.ndim - 1)
     outs = assert_pure(lambda r: r.unbind(dim), rec)
-    expected = rec.to_tensordict().unbind(dim)
+    expected = rec.to_node().unbind(dim)
     assert len(outs) == len(expected)
     for out, td in zip(outs, expected):
         agrees(out, rec, td)
@@ -103,7 +103,7 @@ def test_replace_agrees_with_set(rec, data):
     new_x = data.draw(tensordicts(rec.batch_size, max_depth=0, min_keys=1, max_keys=1, names=st.just("x")))["x"]
     out = assert_pure(lambda r: r.replace(x=new_x, weight=3.0), rec)
     assert out.weight == 3.0 and statics(out)[:-1] == statics(rec)[:-1]
-    assert_equal(out.to_tensordict(), rec.to_tensordict().set("x", new_x))
+    assert_equal(out.to_node(), rec.to_node().set("x", new_x))
 
 
 @given(rec=records(min_dims=0))
@@ -111,7 +111,7 @@ def test_optree_round_trip(rec):
     """Unflatten rebuilds the instance untagged (DESIGN 3.1; it kept the tags before)."""
     leaves, spec = optree.tree_flatten(rec, namespace="tdtree")
     back = optree.tree_unflatten(spec, leaves)
-    agrees(back, rec, retag(rec.to_tensordict(), frozenset()))
+    agrees(back, rec, retag(rec.to_node(), frozenset()))
     assert back.tags == frozenset()
     assert (tt.tree.structure(back) == spec) == (not rec.tags)  # structures differ by tags only
 
@@ -120,12 +120,12 @@ def test_optree_round_trip(rec):
 def test_torch_pytree_round_trip(rec):
     leaves, spec = torch_pytree.tree_flatten(rec)
     back = torch_pytree.tree_unflatten(leaves, spec)
-    agrees(back, rec, retag(rec.to_tensordict(), frozenset()))
+    agrees(back, rec, retag(rec.to_node(), frozenset()))
     assert leaves == tt.tree.leaves(rec)
 
 
 @given(rec=records(min_dims=0))
-def test_from_tensordict_inverts_to_tensordict(rec):
-    back = Rec.from_tensordict(rec.to_tensordict(), mode=rec.mode, weight=rec.weight)
-    assert_equal(back.to_tensordict(), rec.to_tensordict())
+def test_from_node_inverts_to_node(rec):
+    back = Rec.from_node(rec.to_node(), mode=rec.mode, weight=rec.weight)
+    assert_equal(back.to_node(), rec.to_node())
     assert back.mode is rec.mode and back.weight == rec.weight and back.part.name == "part"

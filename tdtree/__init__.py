@@ -10,6 +10,10 @@ from typing import Any
 
 from . import errors as errors
 from . import tree as tree
+
+# operations (issue 3); tdtree.stack / cat take tensorclass instances too
+from ._combine import cat as cat
+from ._combine import stack as stack
 from ._keys import NestedKey as NestedKey
 from ._node import TensorDict as TensorDict
 from ._ops import where as where
@@ -20,15 +24,11 @@ from ._tags import Memmap as Memmap
 from ._tags import Shared as Shared
 from ._tags import Tag as Tag
 
-# tensorclass (issue 7); tdtree.stack / cat (above) take tensorclass instances too
+# tensorclass (issue 7)
 from ._tensorclass import TensorClass as TensorClass
-
-# operations (issue 3)
-from ._tensorclass import cat as cat
 
 # memmap and serialization (issue 5)
 from ._tensorclass import load_memmap as load_memmap
-from ._tensorclass import stack as stack
 from ._tensorclass import tensorclass as tensorclass
 
 # vmap

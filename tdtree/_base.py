@@ -1,4 +1,4 @@
-"""The node's data layout and its trusted factory.
+"""The node's data layout and its trusted factory; a holder's (a tensorclass's) layout.
 
 A node holds two slots: ``_data``, a dict from key to leaf in canonical
 (sorted) key order, and ``_meta``, the static metadata
@@ -35,6 +35,8 @@ __all__ = [
     "Node",
     "NodeT",
     "Holder",
+    "Layout",
+    "layout",
     "NO_TAGS",
     "UNTAGGED_TYPES",
     "TAGGED_TYPES",
@@ -105,13 +107,26 @@ NodeT = TypeVar("NodeT", bound=Node)
 
 class Holder:
     """Base of types that hold a node in ``_td`` and are rebuilt around a new one by ``_wrap(node)``
-    (tensorclasses): the tag rule finds their node and puts its decision back through them."""
+    (tensorclasses): the tag rule finds their node and puts its decision back through them. What a
+    holder adds to its node is its :func:`layout`."""
 
     __slots__ = ()
     _td: Any
+    _static: tuple[tuple[str, Any], ...]
 
     def _wrap(self, out: Any) -> Any:
         raise NotImplementedError
+
+
+Layout = tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]
+
+
+def layout(holder: Any) -> Layout:
+    """``(class, static pairs, ((field, nested layout), ...))``: with its inner node, the whole holder
+    (pickles carry it as is; holders stack or cat only with equal layouts). A nested tensorclass is
+    the one kind of holder a field holds."""
+    nested = tuple((k, layout(v)) for k in type(holder)._fields if isinstance(v := getattr(holder, k), Holder))
+    return type(holder), holder._static, nested
 
 
 _new = object.__new__

@@ -1,27 +1,32 @@
-"""Combining nodes (``stack``, ``cat``) and the ``torch.*`` functions that accept nodes.
+"""Combining nodes and tensorclass instances (``tdtree.stack``, ``tdtree.cat``) and the ``torch.*``
+functions that accept nodes.
 
 ``dim`` always counts batch dims: a negative dim counts from the end of the
 root's batch dims, never from the end of a leaf's shape. Nodes combine by key
 whatever their tags; every node must hold the same keys (KeyMismatchError) and
 fitting batch sizes (BatchSizeError naming the shapes). A sub-node's extra
-batch dims are kept. Results hold new storage, so the tag rule drops tags.
+batch dims are kept. Tensorclass instances combine as their inner nodes do, when
+they are of one class with equal static fields (their :func:`tdtree._base.layout`).
+Results hold new storage, so the tag rule drops tags.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from . import _ops
-from ._base import Node
+from ._base import Holder, Node, layout
 from ._maps import flat, map_leaves, paired_leaves, rebuild
 from ._tags import tag_rule
 from ._validate import dim_index
 from .errors import BatchDimError
 
-__all__ = ["stack", "cat", "zeros_like", "ones_like", "full_like", "empty_like", "torch_function"]
+__all__ = ["stack", "cat", "COMBINING", "zeros_like", "ones_like", "full_like", "empty_like", "torch_function"]
+
+T = TypeVar("T", bound="Node | Holder")
 
 
 def _check_nodes(what: str, nodes: Sequence[Node]) -> None:
@@ -39,18 +44,73 @@ def _columns(what: str, nodes: Sequence[Node], skip: int | None) -> list[list[to
     return [leaves, *(paired_leaves(what, first, node, skip) for node in nodes[1:])]
 
 
-@tag_rule
-def stack(nodes: Sequence[Node], dim: int = 0) -> Node:
-    """The nodes stacked along a new batch dim ``dim`` (``-batch_ndim - 1 <= dim <= batch_ndim``).
+def _combined(what: str, fn: Callable[[Sequence[Node], int], Node], items: Sequence[Any], dim: int) -> Any:
+    """``fn`` of the nodes ``items``, or of the inner nodes of the tensorclass instances ``items``
+    rewrapped as the first (which needs one class and equal static fields)."""
+    if not isinstance(items, (list, tuple)) or not items or not isinstance(items[0], Holder):
+        return fn(items, dim)
+    first = items[0]
+    shape = layout(first)
+    for i, item in enumerate(items):
+        if type(item) is not type(first):
+            raise TypeError(f"{what}: item {i} is a {type(item).__name__}, not a {type(first).__name__}")
+        if layout(item) != shape:
+            raise ValueError(
+                f"{what}: item {i}'s static fields {layout(item)[1]} differ from item 0's {shape[1]}; "
+                "instances combine only with equal static fields"
+            )
+    return first._wrap(fn([item._td for item in items], dim))
 
-    Every node must have the same keys and batch size. Returns a new node
-    whose batch size has ``len(nodes)`` at ``dim``; tags dropped (new storage).
+
+def stack(items: Sequence[T], dim: int = 0) -> T:
+    """Nodes, or instances of one tensorclass with equal static fields, stacked along a new batch dim
+    ``dim`` (``-batch_ndim - 1 <= dim <= batch_ndim``).
+
+    Every node must have the same keys and batch size. Returns a new node (an
+    instance of the class) whose batch size has ``len(items)`` at ``dim``; tags
+    dropped (new storage).
 
     Raises:
         KeyMismatchError: the key sets differ (the message names the keys).
         BatchSizeError: the batch sizes differ (the message names them).
         BatchDimError: ``dim`` is out of range.
+        TypeError: an item is not a node, or not of the first instance's class.
+        ValueError: an instance's static fields differ from the first's.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
+    >>> tt.stack([td, td + 1], dim=1)["x"]
+    tensor([[0., 1.],
+            [0., 1.],
+            [0., 1.]])
     """
+    return _combined("stack", _stack, items, dim)  # type: ignore[no-any-return]
+
+
+def cat(items: Sequence[T], dim: int = 0) -> T:
+    """Nodes, or instances of one tensorclass with equal static fields, concatenated along batch dim
+    ``dim`` (``-batch_ndim <= dim < batch_ndim``).
+
+    Every node must have the same keys, and batch sizes equal except at
+    ``dim``. Returns a new node (an instance of the class); tags dropped (new storage).
+
+    Raises:
+        KeyMismatchError: the key sets differ (the message names the keys).
+        BatchSizeError: the batch sizes differ outside ``dim`` (the message names them).
+        BatchDimError: ``dim`` is out of range (a node with batch_size () has no dim to cat along).
+        TypeError: an item is not a node, or not of the first instance's class.
+        ValueError: an instance's static fields differ from the first's.
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"x": torch.zeros(2)}, batch_size=[2])
+    >>> tt.cat([td, td + 1])["x"]
+    tensor([0., 0., 1., 1.])
+    """
+    return _combined("cat", _cat, items, dim)  # type: ignore[no-any-return]
+
+
+@tag_rule
+def _stack(nodes: Sequence[Node], dim: int = 0) -> Node:
     _check_nodes("stack", nodes)
     first = nodes[0]
     batch_size = first._meta[1]
@@ -67,17 +127,7 @@ def stack(nodes: Sequence[Node], dim: int = 0) -> Node:
 
 
 @tag_rule
-def cat(nodes: Sequence[Node], dim: int = 0) -> Node:
-    """The nodes concatenated along batch dim ``dim`` (``-batch_ndim <= dim < batch_ndim``).
-
-    Every node must have the same keys, and batch sizes equal except at
-    ``dim``. Returns a new node; tags dropped (new storage).
-
-    Raises:
-        KeyMismatchError: the key sets differ (the message names the keys).
-        BatchSizeError: the batch sizes differ outside ``dim`` (the message names them).
-        BatchDimError: ``dim`` is out of range (a node with batch_size () has no dim to cat along).
-    """
+def _cat(nodes: Sequence[Node], dim: int = 0) -> Node:
     _check_nodes("cat", nodes)
     first = nodes[0]
     batch_size = first._meta[1]
@@ -115,11 +165,16 @@ ones_like = _like("ones_like", torch.ones_like)
 full_like = _like("full_like", torch.full_like)
 empty_like = _like("empty_like", torch.empty_like)
 
-_OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
+# torch's combining functions, for nodes and tensorclass instances alike (both answer them in
+# ``__torch_function__``)
+COMBINING: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.stack: stack,
     torch.cat: cat,
     torch.concat: cat,
     torch.concatenate: cat,
+}
+_OVERRIDES: dict[Callable[..., Any], Callable[..., Any]] = {
+    **COMBINING,
     torch.zeros_like: zeros_like,
     torch.ones_like: ones_like,
     torch.full_like: full_like,

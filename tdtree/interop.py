@@ -37,12 +37,12 @@ from typing import Any
 
 import torch
 
-from ._base import Node
+from ._base import Layout, Node, layout
 from ._keys import display
 from ._memmap import _ORIGIN
 from ._node import TensorDict
 from ._tags import Locked, Memmap, Shared, retag
-from ._tensorclass import Layout, TensorClass, from_layout, layout
+from ._tensorclass import TensorClass, from_layout
 from ._tensorclass._class import _hints, _tensorclass_in
 from ._validate import as_batch_size, build
 from .errors import FieldError
@@ -147,7 +147,7 @@ def from_tensordict(td: Any, /, cls: type | None = None) -> Any:
     """A tdtree node holding the same tensors as the tensordict (or tensorclass instance) ``td``.
 
     The module functions cross to the tensordict package; a tdtree tensorclass's
-    ``from_tensordict`` / ``to_tensordict`` methods stay inside tdtree (a tdtree TensorDict).
+    ``from_node`` / ``to_node`` methods stay inside tdtree (a tdtree TensorDict).
 
     Args:
         td: a ``tensordict.TensorDict`` or a tensordict tensorclass instance;

@@ -53,7 +53,7 @@ def tag_tree(out: Any) -> list[Any]:
     if isinstance(out, tuple):
         return [tag_tree(o) for o in out]
     if isinstance(out, tt.TensorClass):
-        return ["class", type(out).__name__, *tag_tree(out.to_tensordict())]
+        return ["class", type(out).__name__, *tag_tree(out.to_node())]
     if isinstance(out, TensorDict):
         subs = [(k, v.tags) for k, v in out.items(include_nested=True) if isinstance(v, TensorDict)]
         return [out.tags, subs]
@@ -65,7 +65,7 @@ def leaves(out: Any) -> list[torch.Tensor]:
     if isinstance(out, tuple):
         return [t for o in out for t in leaves(o)]
     if isinstance(out, tt.TensorClass):
-        out = out.to_tensordict()
+        out = out.to_node()
     if isinstance(out, TensorDict):
         return [v for _, v in out.items(include_nested=True, leaves_only=True)]
     return [out]

@@ -380,15 +380,16 @@ def test_exported_program_with_a_tagged_output_loads_in_a_fresh_process(tmp_path
 
 
 @needs_tensordict
-def test_a_tensorclass_from_tensordict_takes_a_tdtree_node_and_names_the_converter() -> None:
+def test_a_tensorclass_from_node_takes_a_tdtree_node_and_names_the_converter() -> None:
     class Point(tt.TensorClass):
         x: torch.Tensor
 
     x = torch.zeros(2)
     outside = tensordict.TensorDict({"x": x}, [2])
-    with pytest.raises(TypeError, match=r"takes a tdtree TensorDict.*tdtree\.from_tensordict\(td, cls=Point\)"):
-        Point.from_tensordict(outside)
+    names_converter = r"Point\.from_node takes a tdtree TensorDict.*tdtree\.from_tensordict\(td, cls=Point\)"
+    with pytest.raises(TypeError, match=names_converter):
+        Point.from_node(outside)
     converted = tt.from_tensordict(outside, cls=Point)
-    inside = Point.from_tensordict(tt.TensorDict({"x": x}, [2]))
+    inside = Point.from_node(tt.TensorDict({"x": x}, [2]))
     assert type(converted) is Point and type(inside) is Point
     assert converted.x is x and inside.x is x

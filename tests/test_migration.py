@@ -242,7 +242,7 @@ def test_tensorclass_field_write_is_replace() -> None:
     theirs.reward = new_reward.clone()
     edited = ours.replace(reward=new_reward)
     assert ours.reward is d["next"]["reward"]
-    assert_equal(tt.from_tensordict(theirs, cls=_Step).to_tensordict(), edited.to_tensordict(), check_tags=False)
+    assert_equal(tt.from_tensordict(theirs, cls=_Step).to_node(), edited.to_node(), check_tags=False)
     assert tt.from_tensordict(theirs, cls=_Step).phase == edited.phase == "train"
 
 

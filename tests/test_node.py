@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -160,6 +162,17 @@ def test_mapping_protocol() -> None:
     assert "a" in td and ("a", "c") in td and ("a",) in td
     assert ("a", "x") not in td and "x" not in td and 3 not in td and () not in td
     assert ("b", "x") not in td
+
+
+def test_constructor_holds_no_reference_to_the_callers_mapping() -> None:
+    x, y = torch.zeros(2), torch.ones(2)
+    source = {"b": x, "a": y}
+    td = tt.TensorDict(source, [2])
+    source["c"] = x
+    del source["a"]
+    assert td._data is not source and list(td.items()) == [("a", y), ("b", x)]
+    proxied = tt.TensorDict(types.MappingProxyType({"b": x, "a": y}), [2])  # any Mapping, read as it is
+    assert list(proxied.items()) == [("a", y), ("b", x)]
 
 
 def test_constructor_retags_nodes_inside() -> None:

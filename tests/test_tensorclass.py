@@ -68,10 +68,10 @@ def assert_same_record(out: Any, template: Any, expected_td: TensorDict) -> None
     for name in type(template)._fields:
         if isinstance(getattr(template, name), tt.TensorClass):
             assert type(getattr(out, name)) is type(getattr(template, name))
-    assert_equal(out.to_tensordict(), expected_td)
-    for name in out.to_tensordict().keys():
+    assert_equal(out.to_node(), expected_td)
+    for name in out.to_node().keys():
         value = getattr(out, name)
-        entry = out.to_tensordict()[name]
+        entry = out.to_node()[name]
         assert (value._td if isinstance(value, tt.TensorClass) else value) is entry
 
 
@@ -97,7 +97,7 @@ def test_static_fields_are_metadata_not_leaves():
     leaves = tt.tree.leaves(obs)
     assert all(isinstance(x, torch.Tensor) for x in leaves)
     assert len(leaves) == 4  # x, inner.y, extras.r, extras.sub.d: nothing static
-    assert sorted(obs.to_tensordict().keys()) == ["extras", "inner", "x"]
+    assert sorted(obs.to_node().keys()) == ["extras", "inner", "x"]
 
 
 def test_optional_tensor_field_is_static_while_none():
@@ -279,6 +279,64 @@ def test_batch_prefix_names_the_field():
         Obs(torch.zeros(4), inner, TensorDict({}, [4]), batch_size=[4])
 
 
+class Pair(tt.TensorClass):
+    b: torch.Tensor
+    a: torch.Tensor
+    tag: str = "t"
+
+
+def _outcome(build: Callable[[], Any]) -> Any:
+    """The node's (keys, batch_size, device) and leaves, or the error's type and message."""
+    try:
+        out = build()
+    except Exception as err:  # noqa: BLE001 - every error is compared
+        return type(err), str(err)
+    node = out if isinstance(out, TensorDict) else out.to_node()
+    return node._meta[:3], list(node.values())
+
+
+_z4 = torch.zeros(4)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "batch_size", "device"),
+    [
+        (torch.zeros(4, 3), _z4, [4], None),
+        (torch.zeros(2, 3, 4), torch.zeros(2, 3), (2, 3), None),
+        (torch.zeros(2, 3, 4, 5), torch.zeros(2, 3, 4), torch.Size([2, 3, 4]), None),
+        (_z4, _z4, 4, None),
+        (_z4, _z4, None, torch.device("cpu")),
+        (_z4, _z4, [4], "cpu"),
+        (_z4, torch.zeros(4, device="meta"), [4], None),
+        (_z4, _z4, [4], "meta"),
+        (torch.zeros(3), _z4, [4], None),
+        (torch.zeros(4, 2), torch.zeros(4, 3), [4, 2], None),
+        (torch.zeros(()), _z4, [4], None),
+        (_z4, _z4, [-1], None),
+        (_z4, _z4, "x", None),
+        (_z4, _z4, [4], "nope"),
+    ],
+    ids=lambda v: repr(v)[:20],
+)
+def test_constructor_checks_are_the_tensordict_constructors(a, b, batch_size, device):
+    # One validator: the node a tensorclass builds, or its error, is the TensorDict constructor's, by
+    # name (the fast path) and by position alike; a BatchSizeError adds the class's name.
+    expected = _outcome(lambda: TensorDict({"a": a, "b": b}, batch_size, device))
+    for build in (
+        lambda: Pair(b=b, a=a, batch_size=batch_size, device=device),
+        lambda: Pair(b, a, batch_size=batch_size, device=device),
+    ):
+        got = _outcome(build)
+        if expected[0] is BatchSizeError:
+            assert got == (BatchSizeError, f"Pair: {expected[1]}")
+        elif isinstance(expected[0], type):
+            assert got == expected
+        else:
+            assert got[0] == expected[0]
+            for x, y, given in zip(got[1], expected[1], (a, b), strict=True):
+                assert (x.shape, x.device) == (y.shape, y.device) and (x is given) == (y is given)
+
+
 def test_class_body_errors():
     with pytest.raises(FieldError, match="field 'shape' is the name of a tensorclass attribute"):
 
@@ -344,7 +402,7 @@ def test_operation_returns_the_class(name):
     obs = make_obs()
     op = OPS[name]
     out = op(obs)
-    assert_same_record(out, obs, op(obs.to_tensordict()))
+    assert_same_record(out, obs, op(obs.to_node()))
 
 
 @pytest.mark.parametrize(
@@ -354,7 +412,7 @@ def test_operation_returns_the_class(name):
 def test_tuple_results_are_each_the_class(name):
     obs = make_obs()
     op = {"unbind": lambda x: x.unbind(0), "split": lambda x: x.split([1, 3]), "chunk": lambda x: x.chunk(2)}[name]
-    outs, expected = op(obs), op(obs.to_tensordict())
+    outs, expected = op(obs), op(obs.to_node())
     assert type(outs) is tuple and len(outs) == len(expected)
     for out, td in zip(outs, expected):
         assert_same_record(out, obs, td)
@@ -362,8 +420,8 @@ def test_tuple_results_are_each_the_class(name):
 
 def test_binary_ops_between_instances_pair_fields():
     a, b = make_obs(), make_obs(4).apply(lambda t: t + 1)
-    assert_same_record(a + b, a, a.to_tensordict() + b.to_tensordict())
-    assert_same_record(a * b.to_tensordict(), a, a.to_tensordict() * b.to_tensordict())
+    assert_same_record(a + b, a, a.to_node() + b.to_node())
+    assert_same_record(a * b.to_node(), a, a.to_node() * b.to_node())
 
 
 @pytest.mark.parametrize("combine", ["tt.stack", "torch.stack", "tt.cat", "torch.cat"])
@@ -372,7 +430,7 @@ def test_stack_and_cat(combine):
     fn = {"tt.stack": tt.stack, "torch.stack": torch.stack, "tt.cat": tt.cat, "torch.cat": torch.cat}[combine]
     td_fn = tt.stack if "stack" in combine else tt.cat
     out = fn([a, b], 0)
-    assert_same_record(out, a, td_fn([a.to_tensordict(), b.to_tensordict()], 0))
+    assert_same_record(out, a, td_fn([a.to_node(), b.to_node()], 0))
 
 
 def test_stack_refuses_mixed_classes_and_statics():
@@ -406,7 +464,7 @@ def test_inplace_writers_return_the_instance():
     obs = make_obs().clone()
     src = make_obs(4).apply(lambda t: t + 5)
     assert obs.copy_(src) is obs
-    assert_equal(obs.to_tensordict(), src.to_tensordict())
+    assert_equal(obs.to_node(), src.to_node())
     assert obs.zero_() is obs and obs.x.abs().sum() == 0
 
 
@@ -427,7 +485,7 @@ def test_share_memory():
     assert type(shared) is Obs and shared.tags == {Shared, Locked} and shared.inner.is_shared
     assert shared.x.is_shared() and not obs.x.is_shared()
     assert statics(shared) == statics(obs)
-    assert_equal(shared.to_tensordict(), obs.to_tensordict(), check_tags=False)
+    assert_equal(shared.to_node(), obs.to_node(), check_tags=False)
 
 
 def test_replace():
@@ -458,15 +516,17 @@ def test_replace_errors():
         obs.replace(x=torch.zeros(3))
 
 
-def test_to_and_from_tensordict():
+def test_to_node_and_from_node():
     obs = make_obs().lock()
-    td = obs.to_tensordict()
+    # the names of the tensordict package's conversions belong to tt.from_tensordict / tt.to_tensordict only
+    assert not hasattr(Obs, "from_tensordict") and not hasattr(obs, "to_tensordict")
+    td = obs.to_node()
     assert type(td) is TensorDict[Locked] and td["x"] is obs.x
-    back = Obs.from_tensordict(td, phase=Phase.EVAL, count=7, scale=2.5, note="hi")
+    back = Obs.from_node(td, phase=Phase.EVAL, count=7, scale=2.5, note="hi")
     assert type(back.inner) is Inner and back.inner.label == "inner"  # a static nested field takes its default
     assert back.tags == {Locked} and back.x is obs.x
     with pytest.raises(FieldError, match=r"Inner has no field 'q' \(a key of the TensorDict\)"):
-        Inner.from_tensordict(TensorDict({"y": torch.zeros(1), "q": torch.zeros(1)}, [1]))
+        Inner.from_node(TensorDict({"y": torch.zeros(1), "q": torch.zeros(1)}, [1]))
 
 
 # -- pytrees, pickle, memmap -------------------------------------------------------------------------
@@ -478,19 +538,19 @@ def test_optree_round_trip_keeps_statics_and_classes():
     obs = make_obs().lock()
     leaves, spec = optree.tree_flatten(obs, namespace="tdtree")
     back = optree.tree_unflatten(spec, leaves)
-    assert_same_record(back, obs, obs.to_tensordict().unlock())
+    assert_same_record(back, obs, obs.to_node().unlock())
     assert back.tags == frozenset()
     doubled = tt.tree.map(lambda t: t * 2, obs)
-    assert_same_record(doubled, obs, obs.to_tensordict().unlock().apply(lambda t: t * 2))
+    assert_same_record(doubled, obs, obs.to_node().unlock().apply(lambda t: t * 2))
     same = tt.tree.map(lambda t: t, obs)
-    assert_same_record(same, obs, obs.to_tensordict())
+    assert_same_record(same, obs, obs.to_node())
 
 
 def test_torch_pytree_round_trip_keeps_statics_and_classes():
     obs = make_obs()
     leaves, spec = torch_pytree.tree_flatten(obs)
     back = torch_pytree.tree_unflatten(leaves, spec)
-    assert_same_record(back, obs, obs.to_tensordict())
+    assert_same_record(back, obs, obs.to_node())
     paths = [torch_pytree.keystr(p) for p, _ in torch_pytree.tree_flatten_with_path(obs)[0]]
     assert ".x" in paths and ".inner.y" in paths
 
@@ -506,7 +566,7 @@ def test_structure_holds_statics_and_tags():
 def test_pickle_round_trip():
     obs = make_obs()
     back = pickle.loads(pickle.dumps(obs))
-    assert_same_record(back, obs, obs.to_tensordict())
+    assert_same_record(back, obs, obs.to_node())
     shared = pickle.loads(pickle.dumps(obs.share_memory()))
     assert type(shared) is Obs and shared.tags == {Shared, Locked} and shared.x.is_shared()
 
@@ -518,7 +578,7 @@ def test_memmap_and_load_memmap(tmp_path):
     loaded = tt.load_memmap(tmp_path / "obs")
     assert type(loaded) is Obs and type(loaded.inner) is Inner
     assert statics(loaded) == statics(obs) and loaded.phase is Phase.EVAL
-    assert_equal(loaded.to_tensordict(), mm.to_tensordict())
+    assert_equal(loaded.to_node(), mm.to_node())
     loaded.x.fill_(1.0)  # shared mapping: seen through the first mapping too
     assert mm.x.sum() == 12
     back = pickle.loads(pickle.dumps(loaded))
@@ -599,7 +659,7 @@ def test_compile_takes_and_returns_a_tensorclass(fresh_dynamo, name):
     out = torch.compile(fn, fullgraph=True, backend="aot_eager")(obs)
     expected = fn(obs)
     for got, want in zip(out, expected) if type(out) is tuple else [(out, expected)]:
-        assert_same_record(got, want, want.to_tensordict())
+        assert_same_record(got, want, want.to_node())
 
 
 def test_typed_example_runs(capsys):
@@ -636,7 +696,7 @@ def test_tensorclass_operations_match_the_inner_node(name: str, on_instance: Any
     obs = make_obs()
     out = on_instance(obs)
     assert type(out) is Obs and statics(out) == statics(obs)
-    assert_equal(out.to_tensordict(), on_node(obs.to_tensordict()))
+    assert_equal(out.to_node(), on_node(obs.to_node()))
 
 
 def test_tensorclass_update_and_fill_write_in_place() -> None:

@@ -150,7 +150,7 @@ def test_pin_memory_and_cuda_are_forwarded_to_the_inner_node() -> None:
         assert rec.cuda().x.is_cuda and rec.pin_memory().x.is_pinned()
     else:  # the node's own refusal, unchanged
         with pytest.raises(Exception) as node_err:
-            rec.to_tensordict().cuda()
+            rec.to_node().cuda()
         with pytest.raises(type(node_err.value)):
             rec.cuda()
 
@@ -194,7 +194,7 @@ def test_every_node_operation_is_on_tensorclasses_or_named_as_not_applying() -> 
 
 def test_results_keep_tags_as_the_node_does() -> None:
     rec = make_rec().lock()
-    assert rec.abs().tags == rec.to_tensordict().abs().tags == frozenset()
+    assert rec.abs().tags == rec.to_node().abs().tags == frozenset()
     assert rec.amax().tags == frozenset()
     assert rec.bfloat16().bfloat16().tags == frozenset()  # the cast makes new storage
 

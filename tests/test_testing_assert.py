@@ -120,4 +120,4 @@ def test_tensorclasses_compare_class_static_fields_and_leaves():
     with pytest.raises(AssertionError, match="key 'x'"):
         assert_equal(p, Pair(torch.ones(2), batch_size=[2]))
     with pytest.raises(AssertionError, match="types differ"):
-        assert_equal(p, p.to_tensordict())
+        assert_equal(p, p.to_node())

@@ -1,16 +1,15 @@
 """The tensorclass: a typed, frozen record of tensors that behaves like a node.
 
 One floor of tdtree, in its own floors (bottom first): ``_layout`` (what an
-instance adds to its inner node, and its JSON record), ``_ops`` (the operations,
-run on the inner :class:`TensorDict`; ``tdtree.stack`` / ``cat``), ``_pytree``
-(pytree registration and the name of each class), ``_class`` (the class, its
-metaclass and its constructor), ``_record`` (``tdtree.load_memmap``, which gives
-a tensorclass back when one was memmapped).
+instance adds to its inner node as a JSON record), ``_ops`` (the operations, run
+on the inner :class:`TensorDict`), ``_pytree`` (pytree registration and the name
+of each class), ``_class`` (the class, its metaclass and its constructor),
+``_record`` (``tdtree.load_memmap``, which gives a tensorclass back when one was
+memmapped).
 """
 
 from ._class import TensorClass, TensorClassMeta, _unpickle, from_layout, tensorclass
-from ._layout import Layout, layout
-from ._ops import RecordOps, cat, stack
+from ._ops import RecordOps
 from ._record import load_memmap
 
 __all__ = [
@@ -19,10 +18,6 @@ __all__ = [
     "tensorclass",
     "from_layout",
     "_unpickle",
-    "Layout",
-    "layout",
     "RecordOps",
-    "cat",
-    "stack",
     "load_memmap",
 ]

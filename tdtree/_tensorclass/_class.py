@@ -22,7 +22,6 @@ The pytree registration and :func:`rewrap` are in :mod:`tdtree._tensorclass._pyt
 
 from __future__ import annotations
 
-import enum
 import sys
 import types
 import typing
@@ -31,21 +30,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import torch
 
-from .._base import Node, make, sorted_data
+from .._base import Layout, layout
 from .._node import TensorDict
 from .._repr import record_repr
 from .._tags import Locked, tag_rule
-from .._validate import CPU, NO_BATCH, as_batch_size, as_device, build
+from .._validate import STATIC_TYPES, Check, bind, field_value, fill_record, hint_name, record, split
 from ..errors import BatchSizeError, FieldError, LockedError
-from ._layout import Layout, layout
 from ._ops import RecordOps
 from ._pytree import register, rewrap
 
 __all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "from_layout"]
-
-STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
-_DATA = (torch.Tensor, Node)
-_Tensor = torch.Tensor  # a module global: ``torch.Tensor`` is an attribute read off the torch module on every use
 
 
 def _field(*, default: Any = None, kw_only: bool = False) -> Any:
@@ -66,6 +60,8 @@ class TensorClassMeta(type):
 
     _fields: tuple[str, ...]
     _fieldset: frozenset[str]
+    _ordered: bool  # the fields are declared in canonical (sorted) order
+    _tensors_only: tuple[str, ...] | None  # the fields sorted when every one takes a plain tensor (first use)
     _defaults: dict[str, Any]
 
     def __new__(mcls, name: str, bases: tuple[type, ...], ns: dict[str, Any], **kwargs: Any) -> TensorClassMeta:
@@ -98,6 +94,7 @@ class TensorClassMeta(type):
         cls = super().__new__(mcls, name, bases, ns, **kwargs)
         cls._fields = tuple(fields)
         cls._fieldset = frozenset(fields)
+        cls._ordered = fields == sorted(fields)
         cls._defaults = defaults
         if tc_bases:  # TensorClass itself is no tensorclass
             register(cls)
@@ -147,211 +144,19 @@ def _accepted(hint: Any) -> tuple[type, ...] | None:
     return (float, int) if hint is float else (hint,)
 
 
-def _checks(cls: Any) -> tuple[tuple[str, tuple[type, ...] | None, Any], ...]:
-    """Per field: its name, the types it takes, its annotation; made on first construction."""
+def _checks(cls: Any) -> tuple[Check, ...]:
+    """Per field: its name, the types it takes, its annotation and whether it takes a plain tensor
+    (the checks of :func:`tdtree._validate.record`); made on first construction."""
     checks = cls.__dict__.get("_checks")
     if checks is None:
         hints = _hints(cls)
-        checks = tuple((name, _accepted(hints.get(name, Any)), hints.get(name, Any)) for name in cls._fields)
-        type.__setattr__(cls, "_checks", checks)
-    return checks
-
-
-def _hint_name(hint: Any) -> str:
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-
-
-def _split_one(cls: Any, name: str, value: Any, check: tuple[str, Any, Any]) -> tuple[Any, Any]:
-    """``(entry for the inner node, None)`` for a data value, ``(None, value)`` for a static one."""
-    _, accepted, hint = check
-    if accepted is not None and not isinstance(value, accepted):
-        raise FieldError(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
-    if isinstance(value, _DATA):
-        return value, None
-    if isinstance(value, TensorClass):
-        return value._td, None
-    if isinstance(value, STATIC_TYPES):
-        return None, value
-    raise FieldError(
-        f"{cls.__name__}.{name} is a {type(value).__name__}: a field holds a tensor, a TensorDict, "
-        "a tensorclass, or a static str, int, float, bool, None or enum member"
-    )
-
-
-def _split(cls: Any, values: dict[str, Any]) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
-    """The data entries (for the inner node) and the static pairs of ``values``, checked.
-
-    KeyError when ``values`` lacks a field (the caller binds first).
-    """
-    data: dict[str, Any] = {}
-    static: list[tuple[str, Any]] = []
-    for check in cls.__dict__.get("_checks") or _checks(cls):
-        name = check[0]
-        value = values[name]
-        if isinstance(value, _DATA) and (check[1] is None or isinstance(value, check[1])):
-            data[name] = value  # the common case, checked inline
-            continue
-        entry, plain = _split_one(cls, name, value, check)
-        if entry is not None:
-            data[name] = entry
-        else:
-            static.append((name, plain))
-    return data, tuple(static)
-
-
-def _bind(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    fields = cls._fields
-    if len(args) > len(fields):
-        raise FieldError(f"{cls.__name__} takes {len(fields)} fields {list(fields)}, got {len(args)} positional values")
-    values = dict(zip(fields, args))
-    for name, value in kwargs.items():
-        if name not in fields:
-            raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(fields)}")
-        if name in values:
-            raise FieldError(f"{cls.__name__}: field {name!r} given twice (by position and by name)")
-        values[name] = value
-    if len(values) < len(fields):
-        defaults = cls._defaults
-        missing = [f for f in fields if f not in values and f not in defaults]
-        if missing:
-            raise FieldError(f"{cls.__name__}: missing field{'s' if len(missing) > 1 else ''} {missing}")
-        for f in fields:
-            if f not in values:
-                values[f] = defaults[f]
-    return values
-
-
-def _fill(obj: Any, td: TensorDict, static: tuple[tuple[str, Any], ...], values: dict[str, Any]) -> None:
-    """Write ``obj``'s slots: the inner node, the static pairs and every field (data fields as
-    ``td`` holds them; a nested tensorclass rewrapped when the node put a new sub-node there)."""
-    object.__setattr__(obj, "_td", td)
-    object.__setattr__(obj, "_static", static)
-    entries = td._data
-    for name, value in values.items():
-        entry = entries.get(name, value)  # a static value, or the leaf or node as the inner node holds it
-        if entry is not value and isinstance(value, TensorClass):
-            entry = value if entry is value._td else rewrap(value, entry)
-        object.__setattr__(obj, name, entry)
-
-
-_Plan = tuple[tuple[tuple[str, tuple[type, ...] | None, bool], ...], tuple[str, ...] | None, bool]
-
-
-def _plan(cls: Any) -> _Plan:
-    """Per field in declaration order: its name, the types it takes and whether it takes a plain
-    tensor; the fields in canonical (sorted) order when every field takes a plain tensor, else
-    None; and whether the declaration order is the canonical one. Made on first construction."""
-    plan = cls.__dict__.get("_plan")
-    if plan is None:
-        fields = tuple(
-            (name, accepted, accepted is None or issubclass(torch.Tensor, accepted))
-            for name, accepted, _ in _checks(cls)
+        checks = tuple(
+            (name, accepted, hints.get(name, Any), accepted is None or issubclass(torch.Tensor, accepted))
+            for name, accepted in ((name, _accepted(hints.get(name, Any))) for name in cls._fields)
         )
-        canonical = tuple(sorted(cls._fields))
-        plan = (fields, canonical if all(f[2] for f in fields) else None, cls._fields == canonical)
-        type.__setattr__(cls, "_plan", plan)
-    return plan
-
-
-def _construct_common(obj: Any, kwargs: dict[str, Any], batch_size: Any, device: Any) -> bool:
-    """The common construction in one pass over the fields: every field given by name, each data
-    field a plain ``torch.Tensor`` (or an untagged TensorDict or tensorclass with a device) whose
-    shape starts with ``batch_size`` on the one device, each other field a static value of its
-    annotated type. False for anything else (``obj`` partly
-    written): the full path then builds ``obj`` again and reports what is wrong, in its order.
-
-    The checks on each tensor are the ones ``_validate._checked`` makes on a plain tensor before
-    keeping it as is, so the inner node is made directly."""
-    cls = type(obj)
-    fields, tensors_only, declared_canonical = cls.__dict__.get("_plan") or _plan(cls)
-    # Fields given in canonical order (what a tensor-only plan keeps as the node's data) are every
-    # field by name: one compare of the key tuple then stands for the compare of key sets.
-    given = tuple(kwargs) if tensors_only is not None else ()
-    if (given != tensors_only and kwargs.keys() != cls._fieldset) or (
-        device is not None and type(device) is not torch.device
-    ):
-        return False
-    if batch_size is None:
-        batch = NO_BATCH
-    else:
-        try:
-            batch = as_batch_size(batch_size)
-        except (TypeError, ValueError):
-            return False  # the full path reports a field's error before this one
-    n = len(batch)
-    found: torch.device | None = device
-    if tensors_only is not None:
-        # every field takes a tensor: one loop over the values as given, and ``kwargs`` (the dict
-        # __init__ got, which no caller holds) is the node's data when given in canonical order
-        if device is not None and device == CPU:
-            found = CPU
-        for name, value in kwargs.items():
-            if type(value) is not _Tensor or (n and value.shape[:n] != batch):
-                break
-            # as in _validate._checked: a CPU leaf is told by is_cpu alone
-            if not (value.is_cpu if found is CPU else value.device == found):
-                if found is not None:
-                    return False  # moved to ``device``, or on no one device: the full path settles it
-                on = value.device
-                found = CPU if on == CPU else on
-            object.__setattr__(obj, name, value)
-        else:
-            entries = kwargs if given == tensors_only else {k: kwargs[k] for k in tensors_only}
-            object.__setattr__(obj, "_td", make(TensorDict, entries, batch, found))
-            object.__setattr__(obj, "_static", ())
-            return True
-        found = device
-    data: dict[str, Any] = {}
-    static: list[tuple[str, Any]] = []
-    for name, accepted, takes_tensor in fields:
-        value = kwargs[name]
-        if type(value) is torch.Tensor and takes_tensor:
-            if n and value.shape[:n] != batch:
-                return False
-            on = value.device
-            if found is None:
-                found = on
-            elif on != found:
-                return False
-            data[name] = value
-        elif accepted is not None and not isinstance(value, accepted):
-            return False
-        elif isinstance(value, STATIC_TYPES):
-            static.append((name, value))
-        else:
-            # an untagged TensorDict or tensorclass (its sub-nodes untagged too, by the tag
-            # invariant) on a device is kept as it is, as _checked keeps it
-            node = value._td if isinstance(value, TensorClass) else value
-            if type(node) is not TensorDict:
-                return False
-            meta = node._meta
-            held = meta[2]
-            if held is None or (n and meta[1][:n] != batch):
-                return False
-            if found is None:
-                found = held
-            elif held != found:
-                return False
-            data[name] = node
-        object.__setattr__(obj, name, value)
-    td = make(TensorDict, data if declared_canonical else sorted_data(data), batch, found)
-    object.__setattr__(obj, "_td", td)
-    object.__setattr__(obj, "_static", tuple(static))
-    return True
-
-
-def construct(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: Any, device: Any) -> None:
-    """The public constructor's work: bind, check every field, validate batch prefixes once."""
-    if not args and _construct_common(obj, kwargs, batch_size, device):
-        return
-    cls = type(obj)
-    values = _bind(cls, args, kwargs) if args or kwargs.keys() != cls._fieldset else kwargs
-    data, static = _split(cls, values)
-    try:
-        td = build(TensorDict, data, as_batch_size(batch_size), as_device(device))
-    except BatchSizeError as err:
-        raise BatchSizeError(f"{cls.__name__}: {err}") from None
-    _fill(obj, td, static, values)
+        type.__setattr__(cls, "_checks", checks)
+        type.__setattr__(cls, "_tensors_only", tuple(sorted(cls._fields)) if all(c[3] for c in checks) else None)
+    return checks  # type: ignore[no-any-return]
 
 
 @tag_rule
@@ -371,7 +176,7 @@ def replaced(tc: Any, changes: dict[str, Any]) -> Any:
     for name, value in changes.items():
         if name not in cls._fieldset:
             raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(fields)}")
-        data, static = _split_one(cls, name, value, checks[fields.index(name)])
+        data, static = field_value(cls, name, value, *checks[fields.index(name)][1:3])
         if data is None:
             statics[name] = static
             if name in td._data:
@@ -384,19 +189,19 @@ def replaced(tc: Any, changes: dict[str, Any]) -> Any:
             raise BatchSizeError(f"{cls.__name__}.replace: {err}") from None
     obj = object.__new__(cls)
     values = {name: changes[name] if name in changes else getattr(tc, name) for name in fields}
-    _fill(obj, td, tuple((name, statics[name]) for name in fields if name in statics), values)
+    fill_record(obj, td, tuple((name, statics[name]) for name in fields if name in statics), values)
     return obj
 
 
-def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
+def from_node(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
     """An instance of ``cls`` holding the entries of ``td`` as its data fields, ``static`` as the rest.
 
     An entry whose field is annotated with a tensorclass becomes that class (by its own
-    ``from_tensordict``); the result keeps ``td``'s tags (the same leaves).
+    ``from_node``); the result keeps ``td``'s tags (the same leaves).
     """
     if not isinstance(td, TensorDict):
         raise TypeError(
-            f"{cls.__name__}.from_tensordict takes a tdtree TensorDict, got {type(td).__name__}; for a "
+            f"{cls.__name__}.from_node takes a tdtree TensorDict, got {type(td).__name__}; for a "
             f"tensordict package object use tdtree.from_tensordict(td, cls={cls.__name__})"
         )
     hints = _hints(cls)
@@ -407,13 +212,13 @@ def from_tensordict(cls: Any, td: TensorDict, static: dict[str, Any]) -> Any:
                 f"{cls.__name__} has no field {key!r} (a key of the TensorDict); its fields are {list(cls._fields)}"
             )
         if key in values:
-            raise FieldError(f"{cls.__name__}.from_tensordict: field {key!r} given both in the TensorDict and by name")
+            raise FieldError(f"{cls.__name__}.from_node: field {key!r} given both in the TensorDict and by name")
         sub = _tensorclass_in(hints.get(key, Any))
-        values[key] = sub.from_tensordict(value) if sub is not None and isinstance(value, TensorDict) else value
+        values[key] = sub.from_node(value) if sub is not None and isinstance(value, TensorDict) else value
     obj = object.__new__(cls)
-    bound = _bind(cls, (), values)
-    data, static_pairs = _split(cls, bound)
-    _fill(obj, _rebuilt(td, data), static_pairs, bound)
+    bound = bind(cls, (), values)
+    data, static_pairs = split(cls, _checks(cls), bound)
+    fill_record(obj, _rebuilt(td, data), static_pairs, bound)
     return obj
 
 
@@ -442,7 +247,7 @@ def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) 
     obj: Any = object.__new__(cls)
     object.__setattr__(obj, "_td", td)
     object.__setattr__(obj, "_static", tuple(static))
-    for name, accepted, hint in _checks(cls):
+    for name, accepted, hint, _ in _checks(cls):
         if name in subs:
             if not isinstance(entries.get(name), TensorDict):
                 raise error(f"{cls.__name__}.{name} is a nested tensorclass but the node holds no sub-node there")
@@ -456,7 +261,7 @@ def from_layout(lay: Layout, td: TensorDict, error: Callable[[str], Exception]) 
         else:
             raise error(f"{cls.__name__}.{name} is missing")
         if accepted is not None and not isinstance(value, accepted):
-            raise error(f"{cls.__name__}.{name} expects {_hint_name(hint)}, got {type(value).__name__}")
+            raise error(f"{cls.__name__}.{name} expects {hint_name(hint)}, got {type(value).__name__}")
         object.__setattr__(obj, name, value)
     return obj
 
@@ -515,7 +320,8 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
     else:
 
         def __init__(self, *args: Any, batch_size: Any = None, device: Any = None, **kwargs: Any) -> None:
-            construct(self, args, kwargs, batch_size, device)
+            # every check is _validate.record's, the class's own checks made by _checks on first use
+            record(self, TensorDict, _checks, args, kwargs, batch_size, device)
 
         @property
         def batch_size(self) -> torch.Size:
@@ -562,13 +368,19 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
         return rewrap(self, out)  # type: ignore[no-any-return]
 
     @classmethod
-    def from_tensordict(cls, td: TensorDict, **static: Any) -> typing.Self:
+    def from_node(cls, td: TensorDict, **static: Any) -> typing.Self:
         """An instance whose data fields are ``td``'s entries (same leaves, same tags) and whose other
-        fields are given by name (or defaults).
+        fields are given by name (or defaults); the inverse of :meth:`to_node`.
 
-        ``td`` is a tdtree :class:`TensorDict`, as tensordict's method of this name takes that package's
-        own; :func:`tdtree.from_tensordict` (``cls=``) converts from the tensordict package."""
-        return from_tensordict(cls, td, static)  # type: ignore[no-any-return]
+        ``td`` is a tdtree :class:`TensorDict`; :func:`tdtree.from_tensordict` (``cls=``) converts from
+        the tensordict package.
+
+        Raises:
+            TypeError: ``td`` is not a tdtree TensorDict (the message names ``tdtree.from_tensordict``).
+            FieldError: a key of ``td`` is no field, a field is given twice or missing, or a value
+                does not fit its field.
+        """
+        return from_node(cls, td, static)  # type: ignore[no-any-return]
 
 
 TensorClass.__module__ = "tdtree"

@@ -1,10 +1,9 @@
-"""What a tensorclass adds to its inner node: its layout, and the layout as JSON for a memmap directory.
+"""What a tensorclass adds to its inner node, its layout (:func:`tdtree._base.layout`), as JSON for a
+memmap directory.
 
-A layout is ``(class, static pairs, ((field, nested layout), ...))``: with the
-inner node, the whole instance (pickles carry it as is). The record names the
-class by its name in :mod:`tdtree._names` and holds the static fields' values
-(an enum member as its enum's path and member name) and the records of nested
-tensorclasses; :mod:`tdtree._tensorclass._record` reads it back.
+The record names the class by its name in :mod:`tdtree._names` and holds the
+static fields' values (an enum member as its enum's path and member name) and the
+records of nested tensorclasses; :mod:`tdtree._tensorclass._record` reads it back.
 """
 
 from __future__ import annotations
@@ -12,20 +11,10 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from .._base import Holder
+from .._base import Layout
 from .._names import name_of
 
-__all__ = ["Layout", "layout", "record"]
-
-Layout = tuple[Any, tuple[tuple[str, Any], ...], tuple[tuple[str, Any], ...]]
-
-
-def layout(tc: Any) -> Layout:
-    """``(class, static pairs, ((field, nested layout), ...))``: with the inner node, the whole instance.
-
-    A nested tensorclass is the one kind of :class:`Holder` a field holds."""
-    nested = tuple((k, layout(v)) for k in type(tc)._fields if isinstance(v := getattr(tc, k), Holder))
-    return type(tc), tc._static, nested
+__all__ = ["record"]
 
 
 def _encode(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The operations of a tensorclass: thin methods over the TensorDict operations of its inner node.
+"""The operations of a tensorclass: thin methods over the TensorDict operations of its inner node
+(``tdtree.stack`` / ``cat`` of instances are :mod:`tdtree._combine`'s).
 
 Each method runs the TensorDict method on ``self._td`` (tensorclass operands
 unwrapped to their inner nodes) and rewraps the node it returns as the same
@@ -15,16 +16,16 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import torch
 
-from .. import _combine
-from .._base import Holder, Node
+from .._base import Holder, Node, layout
+from .._combine import COMBINING
 from .._memmap import memmap
 from .._tags import Locked, Memmap, Shared, Tag
-from ._layout import layout, record
+from ._layout import record
 
 if TYPE_CHECKING:
     from .._node import TensorDict
 
-__all__ = ["RecordOps", "stack", "cat"]
+__all__ = ["RecordOps"]
 
 
 def _unwrap(x: Any) -> Any:
@@ -103,9 +104,10 @@ class RecordOps(Holder):
         """The bytes of the distinct storages the data fields use."""
         return self._td.nbytes
 
-    def to_tensordict(self) -> TensorDict:
+    def to_node(self) -> TensorDict:
         """The inner node: the data fields (nested tensorclasses as nodes), same leaves and tags;
-        static fields are not in it."""
+        static fields are not in it. ``type(self).from_node(node, **static fields)`` gives the
+        instance back; :func:`tdtree.to_tensordict` converts to the tensordict package."""
         return self._td
 
     def __bool__(self) -> bool:
@@ -423,8 +425,9 @@ class RecordOps(Holder):
     ) -> Any:
         """``torch.stack``/``cat`` of instances, ``torch.zeros_like`` & co., and ``tensor OP instance``:
         the node's answer rewrapped; other functions decline."""
-        if func in _STACKING:
-            return _STACKING[func](*args, **(kwargs or {}))
+        combine = COMBINING.get(func)
+        if combine is not None:
+            return combine(*args, **(kwargs or {}))
         template = next((a for a in args if isinstance(a, RecordOps)), None)
         if template is None:
             return NotImplemented
@@ -461,7 +464,6 @@ class RecordOps(Holder):
         return self._wrap(self._td.bool())
 
 
-T = TypeVar("T", bound="Node | RecordOps")
 R = TypeVar("R", bound=RecordOps)
 
 
@@ -499,84 +501,3 @@ class RecordAt(Generic[R]):
     def __getitem__(self, index: Any) -> RecordAtIndex[R]:
         """The scatter operations at batch index ``index``."""
         return RecordAtIndex(self._obj, index)
-
-
-def _combined(what: str, fn: Callable[..., Any], items: Sequence[Any], dim: int) -> Any:
-    if not isinstance(items, (list, tuple)) or not items or not isinstance(items[0], RecordOps):
-        return fn(items, dim)
-    first = items[0]
-    shape = layout(first)
-    for i, item in enumerate(items):
-        if type(item) is not type(first):
-            raise TypeError(f"{what}: item {i} is a {type(item).__name__}, not a {type(first).__name__}")
-        if layout(item) != shape:
-            raise ValueError(
-                f"{what}: item {i}'s static fields {layout(item)[1]} differ from item 0's {shape[1]}; "
-                "instances combine only with equal static fields"
-            )
-    return first._wrap(fn([item._td for item in items], dim))
-
-
-def stack(nodes: Sequence[T], dim: int = 0) -> T:
-    """Nodes, or instances of one tensorclass, stacked along a new batch dim ``dim`` (``tdtree.stack``,
-    and ``torch.stack`` of nodes or instances).
-
-    Args:
-        nodes: a non-empty list or tuple of nodes with the same keys and batch size (whatever their
-            tags), or of instances of one tensorclass with equal static fields.
-        dim: the place of the new batch dim, in ``[-batch_ndim - 1, batch_ndim]``.
-
-    Returns:
-        A new node (an instance of the class, for instances) whose batch size has ``len(nodes)``
-        at ``dim``; tags dropped (new storage).
-
-    Raises:
-        ValueError: ``nodes`` is empty or not a list or tuple, or the instances' static fields differ.
-        TypeError: an item is not a node (or not an instance of the first item's class).
-        KeyMismatchError: the key sets differ (the message names the keys).
-        BatchSizeError: the batch sizes differ (the message names them).
-        BatchDimError: ``dim`` is out of range.
-
-    >>> import torch, tdtree as tt
-    >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
-    >>> tt.stack([td, td + 1], dim=1)["x"]
-    tensor([[0., 1.],
-            [0., 1.],
-            [0., 1.]])
-    """
-    return _combined("stack", _combine.stack, nodes, dim)
-
-
-def cat(nodes: Sequence[T], dim: int = 0) -> T:
-    """Nodes, or instances of one tensorclass, concatenated along batch dim ``dim`` (``tdtree.cat``,
-    and ``torch.cat`` of nodes or instances).
-
-    Args:
-        nodes: a non-empty list or tuple of nodes with the same keys and batch sizes equal except
-            at ``dim`` (whatever their tags), or of instances of one tensorclass with equal static fields.
-        dim: the batch dim to concatenate along, in ``[-batch_ndim, batch_ndim - 1]``.
-
-    Returns:
-        A new node (an instance of the class, for instances); tags dropped (new storage).
-
-    Raises:
-        ValueError: ``nodes`` is empty or not a list or tuple, or the instances' static fields differ.
-        TypeError: an item is not a node (or not an instance of the first item's class).
-        KeyMismatchError: the key sets differ (the message names the keys).
-        BatchSizeError: the batch sizes differ outside ``dim``.
-        BatchDimError: ``dim`` is out of range (a node with batch_size () has no dim to cat along).
-
-    >>> import torch, tdtree as tt
-    >>> td = tt.TensorDict({"x": torch.zeros(2)}, batch_size=[2])
-    >>> tt.cat([td, td + 1])["x"]
-    tensor([0., 0., 1., 1.])
-    """
-    return _combined("cat", _combine.cat, nodes, dim)
-
-
-_STACKING: dict[Any, Callable[..., Any]] = {
-    torch.stack: stack,
-    torch.cat: cat,
-    torch.concat: cat,
-    torch.concatenate: cat,
-}

@@ -15,12 +15,12 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from .._base import Layout
 from .._memmap import load
 from .._node import TensorDict
 from .._tags import tag_rule
 from ..errors import MemmapError
 from ._class import _hints, from_layout
-from ._layout import Layout
 from ._pytree import registered
 
 __all__ = ["load_memmap", "from_record"]

@@ -83,11 +83,11 @@ def _compare(a: Any, b: Any, path: tuple[Any, ...], opt: _Options) -> None:
     if isinstance(a, TensorClass) or isinstance(b, TensorClass):
         if type(a) is not type(b):
             raise _fail(path, f"types differ: {type(a).__name__} vs {type(b).__name__}")
-        static_a = {f: getattr(a, f) for f in type(a)._fields if f not in a.to_tensordict().keys()}
-        static_b = {f: getattr(b, f) for f in type(b)._fields if f not in b.to_tensordict().keys()}
+        static_a = {f: getattr(a, f) for f in type(a)._fields if f not in a.to_node().keys()}
+        static_b = {f: getattr(b, f) for f in type(b)._fields if f not in b.to_node().keys()}
         if static_a != static_b:
             raise _fail(path, f"static fields differ: {static_a} vs {static_b}")
-        _compare(a.to_tensordict(), b.to_tensordict(), path, opt)
+        _compare(a.to_node(), b.to_node(), path, opt)
         return
     if isinstance(a, TensorDict) or isinstance(b, TensorDict):
         _compare_nodes(a, b, path, opt)

@@ -186,7 +186,7 @@ def _storage(x: torch.Tensor) -> tuple[torch.device, int] | None:
 
 
 def _inner(value: Any) -> TensorDict:
-    return value.to_tensordict() if isinstance(value, TensorClass) else value
+    return value.to_node() if isinstance(value, TensorClass) else value
 
 
 def _node_inputs(args: tuple[Any, ...]) -> list[Any]:

@@ -309,9 +309,9 @@ def rebuild(value: Any, leaf: Any) -> Any:
     """``value`` (nodes, tensorclasses, tensors, tuples and lists of them) rebuilt untagged through
     public constructors, each tensor replaced by ``leaf(tensor)``."""
     if isinstance(value, TensorClass):
-        inner = value.to_tensordict()
+        inner = value.to_node()
         static = {f: getattr(value, f) for f in type(value)._fields if f not in inner.keys()}
-        return type(value).from_tensordict(rebuild(inner, leaf), **static)
+        return type(value).from_node(rebuild(inner, leaf), **static)
     if isinstance(value, TensorDict):
         return TensorDict({k: rebuild(v, leaf) for k, v in value.items()}, value.batch_size, value.device)
     if isinstance(value, torch.Tensor):
