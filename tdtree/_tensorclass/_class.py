@@ -384,6 +384,7 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
 
 
 TensorClass.__module__ = "tdtree"
+__test__ = {"TensorClass": TensorClass}  # doctest finds its examples here (the class's module is "tdtree")
 
 
 @dataclass_transform(frozen_default=True)
