@@ -20,6 +20,10 @@ is a fixed cost of every operation. Dynamo cannot trace a descriptor's
 ``__set__``, so each of the five has a traced twin, registered with
 ``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
+
+``UNTAGGED_TYPES`` and ``TAGGED_TYPES`` tell the tag rule an argument by its type; it asks
+through ``is_untagged_type`` / ``is_tagged_type``, which compiled code answers once per type
+while tracing (a set lookup there would guard every type in the set on every call).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ __all__ = [
     "NO_TAGS",
     "UNTAGGED_TYPES",
     "TAGGED_TYPES",
+    "is_untagged_type",
+    "is_tagged_type",
     "make",
     "from_meta",
     "with_meta",
@@ -72,6 +78,24 @@ UNTAGGED_TYPES: set[type] = {
     functools.partial,
 }
 TAGGED_TYPES: set[type] = set()
+
+# The membership tests of the two sets: bound C methods (a set lookup's cost in eager), which
+# compiled code folds to a constant per type (below). Dynamo guards a set it reads item by item, each
+# item through a list made of the whole set, so a lookup's guards grow with the square of its size.
+is_untagged_type = UNTAGGED_TYPES.__contains__
+is_tagged_type = TAGGED_TYPES.__contains__
+
+
+# Folding is sound: a set only gains types (node types as they are made), and the type asked about
+# is one dynamo guards by identity. The twins run only when a type is not known at trace time.
+@substitute_in_graph(is_untagged_type, can_constant_fold_through=True)
+def _is_untagged_type_traced(t: object, /) -> bool:
+    return t in UNTAGGED_TYPES
+
+
+@substitute_in_graph(is_tagged_type, can_constant_fold_through=True)
+def _is_tagged_type_traced(t: object, /) -> bool:
+    return t in TAGGED_TYPES
 
 
 class Node:

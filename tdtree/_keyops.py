@@ -22,7 +22,6 @@ from ._lookup import (
     MISSING,
     contains,
     exclude,
-    exclude_paths,
     get,
     items,
     keys,
@@ -50,7 +49,6 @@ __all__ = [
     "to_dict",
     "select",
     "exclude",
-    "exclude_paths",
     # the editors
     "check_unlocked",
     "check_unlocked_tree",

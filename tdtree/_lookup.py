@@ -26,7 +26,6 @@ __all__ = [
     "items",
     "select",
     "exclude",
-    "exclude_paths",
     "without",
     "path_nodes",
     "rebuilt",
@@ -421,14 +420,6 @@ def without(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
         if out is not None:
             return out
     return _exclude(node, _trie(tuple(paths)), False, ())
-
-
-@tag_rule
-def exclude_paths(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
-    """``exclude(node, *paths, strict=False)`` for paths already checked by ``as_path`` (the keys a
-    module chain drops): the same node, tags kept.
-    """
-    return without(node, paths)
 
 
 def to_dict(node: Node) -> dict[str, Any]:

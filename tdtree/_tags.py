@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import optree
 import torch
 
-from ._base import NO_TAGS, TAGGED_TYPES, UNTAGGED_TYPES, Holder, Node, make_tagged, with_meta
+from ._base import NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, make_tagged, with_meta
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
@@ -161,7 +161,7 @@ def _nodes_in(x: Any, out: list[Node]) -> None:
         out.append(x)
         return
     t = type(x)
-    if t in UNTAGGED_TYPES or _is_key(x):
+    if is_untagged_type(t) or _is_key(x):
         return
     if isinstance(x, Holder):
         out.append(x._td)
@@ -236,13 +236,13 @@ def _untagged(x: Any) -> bool:
     t = type(x)
     if t is tuple and x and type(x[0]) is str:  # a nested key (told inline: the common case here)
         return True
-    return t not in TAGGED_TYPES and not holds_tagged(x)
+    return not is_tagged_type(t) and not holds_tagged(x)
 
 
 def _all_untagged(values: Iterable[Any]) -> bool:
     for x in values:
         t = type(x)
-        if t in UNTAGGED_TYPES or (t is tuple and x and type(x[0]) is str):
+        if is_untagged_type(t) or (t is tuple and x and type(x[0]) is str):
             continue
         if not _untagged(x):
             return False
@@ -294,7 +294,7 @@ def _gate_source(fn: Callable[..., Any]) -> str:
             params.append("*")
         params.append(name if p.default is kind.empty else f"{name}=_default_{name}")
         passed.append(f"{name}={name}" if p.kind is kind.KEYWORD_ONLY else name)
-        checks.append(f"(type({name}) in _UNTAGGED or _untagged({name}))")
+        checks.append(f"(_untagged_type(type({name})) or _untagged({name}))")
         values.append(name)
         if p.kind is kind.POSITIONAL_ONLY:
             params.append("/")  # the marker after every positional-only one: the last one stays
@@ -327,7 +327,7 @@ def tag_rule(fn: F) -> F:
     """
     namespace: dict[str, Any] = {
         "_fn": fn,
-        "_UNTAGGED": UNTAGGED_TYPES,
+        "_untagged_type": is_untagged_type,
         "_untagged": _untagged,
         "_all_untagged": _all_untagged,
         "_ruled_out": _ruled_out,

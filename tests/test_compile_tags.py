@@ -167,6 +167,31 @@ def test_tags_stay_constants() -> None:
     assert type(td) is TensorDict[Locked]
 
 
+def test_node_types_made_later_compile_nothing_again() -> None:
+    # The tag rule's gate asks whether an argument's type is an untagged one; compiled code answers
+    # once per type, so a node type made after compiling (it joins that table) changes nothing the
+    # compiled code guards on. (A rule decided for a tagged input still reads torch's pytree table,
+    # which a new node type grows.)
+    counter = CompileCounterWithBackend("eager")
+
+    def fn(td: TensorDict) -> Any:
+        return td.set("z", td["x"] * 2), td.set(("n", "w"), td["x"]), td + 1, td.exclude("x")
+
+    compiled = torch.compile(fn, fullgraph=True, backend=counter)
+    compiled(nested(0))
+
+    class Later(TensorDict):
+        pass
+
+    td = nested(1)
+    out, expected = compiled(td), fn(td)
+    assert counter.frame_count == 1
+    assert tag_tree(out) == tag_tree(expected)
+    for a, b in zip(leaves(out), leaves(expected)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert type(Later({}).set("z", torch.zeros(()))) is Later  # the new type is a root type of its own
+
+
 # -- tensorclasses -------------------------------------------------------------------------------
 
 TC_CASES: dict[str, tuple[Callable[..., Any], Callable[[int], tuple[Any, ...]]]] = {

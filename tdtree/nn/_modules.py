@@ -17,7 +17,7 @@ from .._base import Node
 
 # the functions, not the module: compiled code reaching _keyops both as this module's global and
 # as the globals of the functions it inlines pays a Python guard on every call
-from .._keyops import exclude_paths, get, set_path
+from .._keyops import exclude, get, set_path
 from .._keys import NestedKey, as_path, display, is_key
 from ..errors import KeyNotFoundError, OutKeysError
 
@@ -230,7 +230,7 @@ class TDSequential(nn.Module):
             dropped = [_dropped(path, tops, td) for path, tops in self._drop]
             drop = [q for q in dropped if q is not None]
             if drop:
-                out = exclude_paths(out, drop)
+                out = exclude(out, *drop, strict=False)
         return out
 
     def _members(self) -> list[nn.Module]:
