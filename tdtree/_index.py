@@ -20,8 +20,9 @@ import torch
 
 from ._base import Node, NodeT
 from ._inplace import broadcasts, check_number, checked, each_writable, read_first, same_device, targets_writable
-from ._keyops import check_unlocked_tree, walk
+from ._keyops import check_unlocked_tree
 from ._keys import as_path
+from ._lookup import walk
 from ._maps import flat, rebuild, unflat
 from ._tags import tag_rule
 from .errors import BatchDimError, KeyMismatchError, WriteError, WriteIndexError, WriteShapeError, WriteTypeError

@@ -43,8 +43,8 @@ from torch import Tensor
 
 from ._base import Node, NodeT
 from ._foreach import foreach
-from ._keyops import MISSING, get, walk
 from ._keys import NestedKey, as_path, display
+from ._lookup import MISSING, get, walk
 from ._pytree import NAMESPACE
 from ._torch_private import storage_id, storage_ids, storages, transforms_active
 from ._validate import CPU, nest

@@ -18,38 +18,12 @@ import torch
 
 from ._base import NO_TAGS, Node, NodeT, make, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
-from ._lookup import (
-    MISSING,
-    contains,
-    exclude,
-    get,
-    items,
-    keys,
-    path_nodes,
-    rebuilt,
-    select,
-    to_dict,
-    values,
-    walk,
-    without,
-)
+from ._lookup import MISSING, get, path_nodes, rebuilt, walk, without
 from ._tags import Locked, retag, tag_rule
 from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
 from .errors import BatchSizeError, KeyCollisionError, LockedError
 
 __all__ = [
-    # the lookups and select / exclude (tdtree._lookup), for the modules that import them from here
-    "MISSING",
-    "get",
-    "contains",
-    "walk",
-    "keys",
-    "values",
-    "items",
-    "to_dict",
-    "select",
-    "exclude",
-    # the editors
     "check_unlocked",
     "check_unlocked_tree",
     "set_entry",

@@ -9,8 +9,8 @@ import optree
 import torch
 
 from ._base import NO_TAGS, Node, NodeT, make, with_meta
-from ._keyops import walk
 from ._keys import display
+from ._lookup import walk
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
 from ._validate import as_batch_size

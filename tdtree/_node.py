@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import _combine, _device, _index, _inplace, _keyops, _maps, _memmap, _ops, _records, _shape, _shared
+from . import _combine, _device, _index, _inplace, _keyops, _lookup, _maps, _memmap, _ops, _records, _shape, _shared
 from ._base import Node
 from ._pickle import reduce_node
 from ._pytree import register
@@ -227,7 +227,7 @@ class TensorDict(Node):
         """The top-level keys, in canonical (sorted) order."""
         return iter(self._data)
 
-    __contains__ = _keyops.contains
+    __contains__ = _lookup.contains
 
     def __getitem__(self, index: Any) -> Any:
         """An entry by key, or the node indexed over its batch dims.
@@ -257,12 +257,12 @@ class TensorDict(Node):
                 [4, 5]]), torch.Size([2]))
         """
         if type(index) is str:
-            value = self._data.get(index, _keyops.MISSING)
-            if value is _keyops.MISSING:
-                return _keyops.get(self, index)
+            value = self._data.get(index, _lookup.MISSING)
+            if value is _lookup.MISSING:
+                return _lookup.get(self, index)
             return value
         if type(index) is tuple and index and type(index[0]) is str:
-            return _keyops.get(self, index)
+            return _lookup.get(self, index)
         return _index.getitem(self, index)
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -286,10 +286,10 @@ class TensorDict(Node):
     # get and the views are the named functions themselves (a function in the class body is a method):
     # the flat ``td.values()`` is a dict view, and a wrapper method would be a third of its cost (a
     # tenth of a nested ``get``'s).
-    get = _keyops.get
-    keys = _keyops.keys
-    values = _keyops.values
-    items = _keyops.items
+    get = _lookup.get
+    keys = _lookup.keys
+    values = _lookup.values
+    items = _lookup.items
 
     # -- functional editors (refused on Locked nodes) ------------------------------
 
@@ -303,12 +303,12 @@ class TensorDict(Node):
 
     # the named functions themselves, as the views are (a wrapper repacking ``*keys`` and ``strict``
     # costs an eighth of ``select()``)
-    select = _keyops.select
-    exclude = _keyops.exclude
+    select = _lookup.select
+    exclude = _lookup.exclude
 
     flatten_keys = _keyops.flatten_keys
     unflatten_keys = _keyops.unflatten_keys
-    to_dict = _keyops.to_dict
+    to_dict = _lookup.to_dict
     clone = _maps.clone
 
     # -- tags ----------------------------------------------------------------------------

@@ -17,8 +17,9 @@ from .._base import Node
 
 # the functions, not the module: compiled code reaching _keyops both as this module's global and
 # as the globals of the functions it inlines pays a Python guard on every call
-from .._keyops import exclude, get, set_path
+from .._keyops import set_path
 from .._keys import NestedKey, as_path, display, is_key
+from .._lookup import exclude, get
 from ..errors import KeyNotFoundError, OutKeysError
 
 __all__ = ["TDModule", "TDSequential"]
