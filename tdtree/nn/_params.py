@@ -162,9 +162,8 @@ def _swap(module: nn.Module, node: Node, saved: list[tuple[dict[str, Any], str, 
 def _tie(module: nn.Module, flat: dict[str, torch.Tensor]) -> None:
     # Tied paths share one tensor in the module; every path of a tied group
     # takes the value given for its first path (module order: parameters, then
-    # buffers), so a gradient or an optimiser step never unties them.
-    if _untied(module):
-        return  # no tensor at two paths: the common case costs one walk that builds no names
+    # buffers), so a gradient or an optimiser step never unties them. Called for a module
+    # _untied found tied only.
     groups: dict[torch.Tensor, list[str]] = {}
     _paths(module, "_parameters", "", groups)
     _paths(module, "_buffers", "", groups)
@@ -213,7 +212,9 @@ def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: A
     nodes = params if isinstance(params, tuple) else (params,)
     # the swap done here, not by torch: its functional_call names every entry by its dotted path and
     # finds the sub-module again for each (dynamo traces it as a special case, so compiled code keeps it)
-    if not (is_compiling() or torch.jit.is_tracing()) and not isinstance(module, _REFUSED) and _untied(module):
+    # one walk that builds no names tells the common case (no tensor at two paths) from a tied module
+    untied = _untied(module)
+    if untied and not (is_compiling() or torch.jit.is_tracing()) and not isinstance(module, _REFUSED):
         saved: list[tuple[dict[str, Any], str, Any]] = []
         try:
             if all(_swap(module, node, saved) for node in nodes):
@@ -224,5 +225,6 @@ def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: A
     flat: dict[str, torch.Tensor] = {}
     for node in nodes:
         _flat(node, "", flat)
-    _tie(module, flat)
+    if not untied:
+        _tie(module, flat)
     return torch.func.functional_call(module, flat, args, kwargs, tie_weights=False, strict=False)
