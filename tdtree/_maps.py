@@ -8,7 +8,7 @@ from typing import Any
 import optree
 import torch
 
-from ._base import NO_TAGS, Node, NodeT, make, with_meta
+from ._base import NO_TAGS, Node, NodeT, with_meta
 from ._keys import display
 from ._lookup import walk
 from ._pytree import NAMESPACE
@@ -60,8 +60,8 @@ def _refill(spec: Node, it: Iterator[Any]) -> Node:
     return with_meta(type(spec), data, spec._meta)
 
 
-def _refill_batch(spec: Node, it: Iterator[Any], root: torch.Size, n: int) -> Node:
-    data = {k: _refill_batch(v, it, root, n) if isinstance(v, Node) else next(it) for k, v in spec._data.items()}
+def _refill_batch(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n: int) -> Node:
+    data = {k: _refill_batch(v, leaf_fn, root, n) if isinstance(v, Node) else leaf_fn(v) for k, v in spec._data.items()}
     keys, batch_size, device, _ = spec._meta
     if len(batch_size) != n:  # a sub-node's extra batch dims follow the root's new ones
         root = torch.Size((*root, *batch_size[n:]))
@@ -77,7 +77,8 @@ def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = No
     """
     if batch_size is None:
         return _refill(spec, iter(values))
-    return _refill_batch(spec, iter(values), batch_size, len(spec._meta[1]))
+    it = iter(values)
+    return _refill_batch(spec, lambda _: next(it), batch_size, len(spec._meta[1]))
 
 
 def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
@@ -195,19 +196,8 @@ def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torc
     This is the one traversal for operations that change batch sizes
     (:func:`map_leaves` keeps metadata as it is).
     """
-    n = len(node._meta[1])
     root_size = root_batch if type(root_batch) is torch.Size else torch.Size(root_batch)
-
-    def visit(x: Node) -> Node:
-        # leaves inline: a call per leaf less
-        data = {k: visit(v) if isinstance(v, Node) else leaf_fn(v) for k, v in x._data.items()}
-        _, batch_size, device, _ = x._meta
-        if len(batch_size) == n:
-            return make(type(x), data, root_size, device)
-        # a sub-node's extra batch dims follow the root's new ones
-        return make(type(x), data, torch.Size((*root_size, *batch_size[n:])), device)
-
-    return visit(node)
+    return _refill_batch(node, leaf_fn, root_size, len(node._meta[1]))
 
 
 def _results(what: str, fn: Callable[..., Any], node: Node, others: tuple[Node, ...], named: bool) -> Any:
