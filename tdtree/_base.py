@@ -5,19 +5,21 @@ A node holds two slots: ``_data``, a dict from key to leaf in canonical
 ``(keys, batch_size, device, tags)`` that is also the node's pytree metadata.
 ``make``, ``from_meta`` and ``with_meta`` build nodes without validation: they
 are for results of operations, whose inputs were validated when they entered;
-``fill`` writes the slots of a node the constructor made.
+``chain``, ``along`` and ``rebuilt`` build the nodes on one key's path (a new
+path, a selected path, a path with one entry replaced) in one call; ``fill``
+writes the slots of a node the constructor made.
 
-The three result factories build untagged nodes of the root type, whatever
+The six result factories build untagged nodes of the root type, whatever
 type or metadata they are given (DESIGN 3.1): a node made from leaves has no
 inputs whose storages it could compare, so an operation that forgets the tag
 rule loses tags instead of keeping false ones. ``make_tagged`` is the one
 factory that writes tags; only :func:`tdtree._tags.retag` calls it.
 
-These five are the only code that writes slots. Eager code writes them through
+These eight are the only code that writes slots. Eager code writes them through
 the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
-``__set__``, so each of the five has a traced twin, registered with
+``__set__``, so each of the eight has a traced twin, registered with
 ``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 
@@ -51,6 +53,9 @@ __all__ = [
     "with_meta",
     "make_tagged",
     "fill",
+    "chain",
+    "along",
+    "rebuilt",
     "sorted_data",
 ]
 
@@ -236,6 +241,78 @@ def fill(node: Node, data: dict[str, Any], meta: tuple) -> None:
 @substitute_in_graph(fill)
 def _fill_traced(node: Node, data: dict[str, Any], meta: tuple) -> None:
     _traced(node, data, meta)
+
+
+def chain(
+    cls: type[Node], path: tuple[str, ...], value: Any, batch_size: torch.Size, device: torch.device | None
+) -> Any:
+    """Untagged nodes of ``cls``'s root type, one per part of ``path``, each holding the next under
+    its part and the last holding ``value``; all with ``batch_size`` and ``device``. What a ``set``
+    below a missing key makes, built bottom up in one call (a factory call per level costs more than
+    the level's own writes)."""
+    root = cls._root
+    # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
+    for part in path[::-1]:
+        node = _new(root)
+        _set_data(node, {part: value})
+        _set_meta(node, ((part,), batch_size, device, NO_TAGS))
+        value = node
+    return value
+
+
+@substitute_in_graph(chain)
+def _chain_traced(
+    cls: type[Node], path: tuple[str, ...], value: Any, batch_size: torch.Size, device: torch.device | None
+) -> Any:
+    root = cls._root
+    for part in path[::-1]:
+        value = _traced(object.__new__(root), {part: value}, ((part,), batch_size, device, NO_TAGS))
+    return value
+
+
+def along(levels: list[Node], path: tuple[str, ...], value: Any) -> Any:
+    """For ``levels``, the nodes ``path`` goes through from the top: an untagged node per level, of
+    its root type, batch size and device, holding only the next under its part of ``path``; the
+    deepest holds ``value``. What selecting one nested key makes, built bottom up in one call."""
+    for part, level in zip(path[len(levels) - 1 :: -1], levels[::-1]):
+        meta = level._meta
+        node = _new(type(level)._root)
+        _set_data(node, {part: value})
+        _set_meta(node, ((part,), meta[1], meta[2], NO_TAGS))
+        value = node
+    return value
+
+
+@substitute_in_graph(along)
+def _along_traced(levels: list[Node], path: tuple[str, ...], value: Any) -> Any:
+    for part, level in zip(path[len(levels) - 1 :: -1], levels[::-1]):
+        meta = level._meta
+        value = _traced(object.__new__(type(level)._root), {part: value}, ((part,), meta[1], meta[2], NO_TAGS))
+    return value
+
+
+def rebuilt(levels: list[Node], path: tuple[str, ...], child: Any) -> Any:
+    """``levels[0]`` with ``child`` in place of the entry at ``path[: len(levels)]``, ``levels`` being the
+    nodes that path goes through: each level copied untagged with its own metadata (its keys stay the
+    same); ``child`` itself when ``levels`` is empty."""
+    for part, level in zip(path[len(levels) - 1 :: -1], levels[::-1]):
+        data = level._data.copy()
+        data[part] = child
+        meta = level._meta
+        child = _new(type(level)._root)
+        _set_data(child, data)
+        _set_meta(child, _untagged(meta) if meta[3] else meta)
+    return child
+
+
+@substitute_in_graph(rebuilt)
+def _rebuilt_traced(levels: list[Node], path: tuple[str, ...], child: Any) -> Any:
+    for part, level in zip(path[len(levels) - 1 :: -1], levels[::-1]):
+        data = level._data.copy()
+        data[part] = child
+        meta = level._meta
+        child = _traced(object.__new__(type(level)._root), data, _untagged(meta) if meta[3] else meta)
+    return child
 
 
 def sorted_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from ._base import NO_TAGS, Node, NodeT, make, sorted_data, with_meta
+from ._base import NO_TAGS, Node, NodeT, chain, make, rebuilt, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
-from ._lookup import MISSING, get, path_nodes, rebuilt, walk, without
+from ._lookup import MISSING, get, path_nodes, walk, without
 from ._tags import Locked, retag, tag_rule
 from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
 from .errors import BatchSizeError, KeyCollisionError, LockedError
@@ -121,12 +121,7 @@ def _chain(
     dev = device
     if device is None:
         data, dev = settle_device(data, device)
-    node: Any = data[path[-1]]
-    untagged = NO_TAGS  # a local: read once per level
-    # a reversed slice, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
-    for part in path[::-1]:
-        node = with_meta(cls, {part: node}, ((part,), batch_size, dev, untagged))
-    return node
+    return chain(cls, path, data[path[-1]], batch_size, dev)
 
 
 @tag_rule

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator, KeysView
 from typing import Any
 
-from ._base import NO_TAGS, Node, NodeT, make, sorted_data, with_meta
+from ._base import NO_TAGS, Node, NodeT, along, make, rebuilt, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
 from ._tags import tag_rule
 from .errors import KeyNotFoundError, NotANodeKeyError
@@ -28,7 +28,6 @@ __all__ = [
     "exclude",
     "without",
     "path_nodes",
-    "rebuilt",
     "to_dict",
 ]
 
@@ -278,18 +277,6 @@ def path_nodes(node: Node, path: tuple[Any, ...]) -> list[Node] | None:
     return levels or None
 
 
-def rebuilt(levels: list[Node], path: tuple[str, ...], child: Any) -> Any:
-    """``levels[0]`` with ``child`` in place of the entry at ``path[: len(levels)]``, ``levels`` being the
-    nodes that path goes through (:func:`path_nodes`): each copied with its own metadata, as its keys
-    stay the same (``with_meta`` drops the tags); ``child`` itself when ``levels`` is empty."""
-    # reversed slices, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
-    for part, level in zip(path[len(levels) - 1 :: -1], levels[::-1]):
-        data = level._data.copy()
-        data[part] = child
-        child = with_meta(type(level), data, level._meta)
-    return child
-
-
 def _select_one(node: NodeT, key: Any) -> NodeT | None:
     """``select(node, key)`` for one key naming an entry: one new node per level, each holding only
     the next (no trie to build, nothing to sort); None for anything else."""
@@ -304,12 +291,7 @@ def _select_one(node: NodeT, key: Any) -> NodeT | None:
     levels = path_nodes(node, key)
     if levels is None:
         return None
-    value = levels[-1]._data[key[-1]]
-    # reversed slices, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
-    for part, level in zip(key[::-1], levels[::-1]):
-        _, batch_size, device, _ = level._meta
-        value = with_meta(type(level), {part: value}, ((part,), batch_size, device, NO_TAGS))
-    return value
+    return along(levels, key, levels[-1]._data[key[-1]])
 
 
 @tag_rule

@@ -46,7 +46,10 @@ CASES: dict[str, tuple[Callable[[TensorDict], Any], Callable[[], TensorDict]]] =
     "construct": (lambda td: TensorDict({"x": td["a"] * 2, ("y", "z"): td["b"]}, [4]), flat),
     "make": (lambda td: td.select("a") + 1, nested),
     "from_meta": (lambda td: tt.tree.map(lambda x: x * 2, td), nested),
-    "with_meta-chain": (lambda td: td.set(("p", "q", "r"), td["a"] * 2), nested),
+    "with_meta-replace": (lambda td: td.set(("sub", "c"), td["sub", "c"] * 2), nested),
+    "chain": (lambda td: td.set(("p", "q", "r"), td["a"] * 2), nested),
+    "along": (lambda td: td.select(("sub", "c")) * 2, nested),
+    "rebuilt": (lambda td: td.exclude(("sub", "c")).set("e", td["a"] * 2), nested),
     "with_meta-clone": (lambda td: td.clone(recurse=False).set("e", td["a"] * 2), nested),
 }
 
@@ -105,6 +108,18 @@ def test_compiled_editors_guard_nothing_of_dynamo_polyfills(name):
     assert not [g for g in guards if "polyfills" in g or g.endswith((".cast", "['reversed']"))]
 
 
+def _same_node(a: Any, b: Any) -> bool:
+    """The same type, metadata and entries (sub-nodes compared so, leaves by identity)."""
+    if not isinstance(a, TensorDict):
+        return a is b
+    return (
+        type(a) is type(b)
+        and a._meta == b._meta
+        and list(a._data) == list(b._data)
+        and all(_same_node(v, b._data[k]) for k, v in a._data.items())
+    )
+
+
 def test_traced_node_factories_build_what_the_eager_ones_build():
     # compiled code runs the twins in place of the factories: a drift between the two would make
     # compiled results differ from eager ones
@@ -112,17 +127,32 @@ def test_traced_node_factories_build_what_the_eager_ones_build():
 
     td = nested()
     data, meta = td._data, td._meta
+    levels, path = [td, td["sub"]], ("sub", "c")
+    leaf, doubled = td["sub", "c"], td["sub", "c"] * 2
     pairs = [
         (_base.make(TensorDict, data, meta[1], meta[2]), _base._make_traced(TensorDict, data, meta[1], meta[2])),
         (_base.from_meta(TensorDict, meta, data.values()), _base._from_meta_traced(TensorDict, meta, data.values())),
         (_base.with_meta(TensorDict, data, meta), _base._with_meta_traced(TensorDict, data, meta)),
+        (
+            _base.chain(TensorDict, ("p", "q"), leaf, meta[1], meta[2]),
+            _base._chain_traced(TensorDict, ("p", "q"), leaf, meta[1], meta[2]),
+        ),
+        (_base.along(levels, path, leaf), _base._along_traced(levels, path, leaf)),
+        (_base.rebuilt(levels, path, doubled), _base._rebuilt_traced(levels, path, doubled)),
     ]
     filled, filled_traced = object.__new__(TensorDict), object.__new__(TensorDict)
     _base.fill(filled, data, meta)
     _base._fill_traced(filled_traced, data, meta)
-    for eager, traced in [*pairs, (filled, filled_traced)]:
+    for eager, traced in [*pairs[:3], (filled, filled_traced)]:
         assert type(eager) is type(traced) is TensorDict
         assert eager._data == traced._data == data and eager._meta == traced._meta == meta
+    for eager, traced in pairs[3:]:
+        assert _same_node(eager, traced)
+    chained, along, replaced = (eager for eager, _ in pairs[3:])
+    assert list(chained._data) == ["p"] and chained["p", "q"] is leaf and chained["p"].batch_size == meta[1]
+    assert list(along.keys(True)) == ["sub", ("sub", "c")] and along["sub", "c"] is leaf
+    assert along["sub"].batch_size == td["sub"].batch_size
+    assert replaced["a"] is td["a"] and replaced["sub", "c"] is doubled and replaced["sub", "d"] is td["sub", "d"]
 
 
 @pytest.mark.parametrize("writer", ["update_", "copy_"])
