@@ -46,7 +46,7 @@ from ._foreach import foreach
 from ._keys import NestedKey, as_path, display
 from ._lookup import MISSING, get, walk
 from ._pytree import NAMESPACE
-from ._torch_private import storage_id, storage_ids, storages, transforms_active
+from ._torch_private import storage_id, storage_ids, transforms_active
 from ._validate import CPU, nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError, WriteShapeError, WriteTypeError
 
@@ -368,13 +368,10 @@ _is_compiling = torch.compiler.is_compiling
 
 def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:
     """For each of ``values``: whether it uses a storage one of ``targets`` uses; ``()`` when none does."""
-    # Eager only (compiled code copies every value, see read_first). The identity is the storage's
-    # Python object: torch keeps one per storage for as long as the storage lives (the tensors here
-    # keep theirs alive), so its id() tells storages apart as tags.storage_key's C++ identity does,
-    # for less; without storage_key's zero-byte exception, as a shared empty storage only costs a
-    # needless clone of an empty value.
-    known = set(map(id, storages(targets)))
-    keys = list(map(id, storages(values)))
+    # Eager only (compiled code copies every value, see read_first). Without storage_key's zero-byte
+    # exception: a shared empty storage only costs a needless clone of an empty value.
+    known = set(storage_ids(targets))
+    keys = list(storage_ids(values))
     if known.isdisjoint(keys):
         return ()
     return tuple(key in known for key in keys)

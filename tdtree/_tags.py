@@ -93,8 +93,8 @@ def _retag(node: Node, tags: frozenset, types: dict[type, Any]) -> Node | None:
 def storage_key(tensor: torch.Tensor) -> int | None:
     """The identity of ``tensor``'s storage, or None when the storage holds no bytes.
 
-    The identity is the storage itself (its C++ object), which two tensors share
-    exactly when they view the same memory: the same test as equal
+    The identity is the storage itself (``_torch_private.storage_id``), which two
+    tensors share exactly when they view the same memory: the same test as equal
     ``untyped_storage().data_ptr()``, but also defined for the fake tensors
     dynamo traces with. A functorch wrapper has the identity of the tensor it
     wraps. Zero-byte storages hold no data and never decide.

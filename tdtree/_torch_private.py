@@ -11,8 +11,10 @@ Makefile pins).
 * The tensor a functorch wrapper (a batched or grad-tracking tensor, at any
   nesting level) wraps: its storage is the wrapper's storage identity, so the
   tag rule and the alias check work inside transforms as they do in eager.
-* A storage's identity (``_cdata``): the C++ storage object, defined for the
-  fake tensors dynamo traces with too, where ``data_ptr()`` is not.
+* A storage's identity: ``id()`` of its Python object, which torch keeps one of
+  per storage for as long as the storage lives (as it does for tensors), so that
+  views share it; defined for the fake tensors dynamo traces with too, where
+  ``data_ptr()`` is not. torch does not document this, so the test checks it.
 * ``nonstrict_trace``: how the tag rule runs its storage test, as plain Python
   on fake tensors, under ``torch.compile`` without a graph break.
 * Whether a storage holds bytes when its size is data-dependent (``td[mask]``
@@ -30,7 +32,6 @@ Makefile pins).
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -69,9 +70,9 @@ def unwrapped(tensor: torch.Tensor) -> torch.Tensor:
 
 _storage = torch.Tensor.untyped_storage
 
-# The identity of a storage: its C++ object, shared exactly by tensors viewing the same memory
-# (an attrgetter, so that mapping it over many storages runs at C speed).
-storage_id: Callable[[torch.UntypedStorage], int] = operator.attrgetter("_cdata")
+# The identity of a storage: its Python object, shared exactly by tensors viewing the same memory
+# (a builtin, so that mapping it over many storages runs at C speed).
+storage_id: Callable[[torch.UntypedStorage], int] = id
 
 
 def storage_ids(tensors: Iterable[torch.Tensor]) -> Iterator[int]:

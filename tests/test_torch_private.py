@@ -1,6 +1,7 @@
 """torch's private names that tdtree reads (``tdtree._torch_private``) still exist and still mean what
 tdtree takes them to mean: a torch release that moves one fails here, by name, before anything else."""
 
+import gc
 import inspect
 
 import torch
@@ -61,6 +62,17 @@ def test_storage_ids_tell_views_from_copies():
     x = torch.randn(4)
     a, b, c = P.storage_ids([x, x[1:], x.clone()])
     assert a == b != c
+
+
+def test_a_storage_keeps_its_python_object_while_it_lives():
+    # storage_id is id() of the storage's Python object: it holds only while torch hands out one
+    # object per storage, the same after every Python reference to it is gone
+    x = torch.randn(4)
+    first = P.storage_id(x.untyped_storage())
+    gc.collect()
+    churn = [torch.randn(4).untyped_storage() for _ in range(100)]
+    assert P.storage_id(x[2:].untyped_storage()) == first
+    assert first not in set(map(P.storage_id, churn))
 
 
 def test_nonstrict_trace_runs_python_on_fake_tensors():
