@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import types
+from bisect import bisect_right as _bisect_right
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -57,6 +58,7 @@ __all__ = [
     "along",
     "rebuilt",
     "sorted_data",
+    "insertion_point",
 ]
 
 NO_TAGS: frozenset = frozenset()
@@ -313,6 +315,21 @@ def _rebuilt_traced(levels: list[Node], path: tuple[str, ...], child: Any) -> An
         meta = level._meta
         child = _traced(object.__new__(type(level)._root), data, _untagged(meta) if meta[3] else meta)
     return child
+
+
+def insertion_point(order: tuple[str, ...], key: str) -> int:
+    """Where ``key`` goes in the sorted key tuple ``order``: the index of the first key after it."""
+    return _bisect_right(order, key)
+
+
+@substitute_in_graph(insertion_point)
+def _insertion_point_traced(order: tuple[str, ...], key: str) -> int:
+    # dynamo cannot trace the C bisect; the keys are constants while tracing, so this loop leaves
+    # nothing in the graph
+    for i, k in enumerate(order):
+        if k > key:
+            return i
+    return len(order)
 
 
 def sorted_data(data: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._base import NO_TAGS, Node, NodeT, chain, make, rebuilt, sorted_data, with_meta
+from ._base import NO_TAGS, Node, NodeT, chain, insertion_point, make, rebuilt, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
 from ._lookup import MISSING, get, path_nodes, walk, without
 from ._tags import Locked, retag, tag_rule
@@ -99,9 +99,8 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
     if order and head < order[-1]:
         # A new key before the last one went in last: moving the keys after it behind it, in their
         # (sorted) order, restores canonical order without sorting and rebuilding the whole dict.
-        for k in order:
-            if k > head:
-                new[k] = new.pop(k)
+        for k in order[insertion_point(order, head) :]:
+            new[k] = new.pop(k)
     return make(type(node), new, batch_size, device)
 
 

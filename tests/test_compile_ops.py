@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tdtree as tt
 from tdtree import TensorDict
@@ -179,3 +181,12 @@ def test_compiled_writers_guard_nothing_of_torch_pytree(writer):
         src = flat()
         assert_equal(compiled(td, src), src)
     assert counter.frame_count == 1
+
+
+@given(st.lists(st.text(max_size=3), unique=True).map(lambda keys: tuple(sorted(keys))), st.text(max_size=3))
+def test_traced_insertion_point_finds_what_bisect_finds(order, key):
+    from tdtree import _base
+
+    at = _base.insertion_point(order, key)
+    assert _base._insertion_point_traced(order, key) == at
+    assert all(k <= key for k in order[:at]) and all(k > key for k in order[at:])
