@@ -159,3 +159,18 @@ def test_select_and_exclude_of_one_key_are_the_plain_dicts(data: st.DataObject, 
     assert selected.batch_size == excluded.batch_size == td.batch_size
     assert selected.tags == excluded.tags == td.tags  # no data made: the rule keeps them
     assert_unchanged(td, before)
+
+
+@given(st.data(), tensordicts(max_depth=2), st.booleans(), st.booleans())
+def test_membership_is_being_among_the_listed_keys(
+    data: st.DataObject, td: tt.TensorDict, nested: bool, leaves: bool
+) -> None:
+    view = td.keys(include_nested=nested, leaves_only=leaves)
+    listed = list(view)
+    known = [k if isinstance(k, tuple) else (k,) for k in td.keys(include_nested=True)]
+    parts = sorted({p for k in known for p in k} | {"zz"})
+    drawn = data.draw(st.lists(st.sampled_from(parts), min_size=1, max_size=3).map(tuple))
+    for key in [*listed, *known, drawn, drawn[0]]:
+        # ("a",) spells "a" for the nested views; the plain view is the node's dict view of str keys
+        spelled = key[0] if isinstance(key, tuple) and len(key) == 1 and (nested or leaves) else key
+        assert (key in view) == (spelled in listed), key
