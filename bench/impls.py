@@ -261,6 +261,23 @@ def _get_path(tree: dict[str, Any], key: Any) -> Any:
     return tree
 
 
+def _walk(tree: dict[str, Any], prefix: tuple[str, ...], paths: list[Any], values: list[Any]) -> None:
+    """Append the path and value of every entry, sub-dicts included, depth first (a node's nested keys)."""
+    for key, value in tree.items():
+        path = (*prefix, key)
+        paths.append(path)
+        values.append(value)
+        if type(value) is dict:
+            _walk(value, path, paths, values)
+
+
+def _nested_entries(tree: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    paths: list[Any] = []
+    values: list[Any] = []
+    _walk(tree, (), paths, values)
+    return paths, values
+
+
 def _has_path(tree: dict[str, Any], key: Any) -> bool:
     for part in (key,) if type(key) is str else key:
         if type(tree) is not dict or part not in tree:
@@ -329,6 +346,10 @@ def _select(tree: dict[str, Any], keys: tuple[Any, ...]) -> dict[str, Any]:
     return out
 
 
+def _shared_copy(leaf: torch.Tensor) -> torch.Tensor:
+    return leaf.clone().share_memory_()
+
+
 def _scatter_leaf(index: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     def scatter(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = x.clone()
@@ -350,24 +371,34 @@ class PytreeImpl(Impl):
     def node(self, source: Mapping[str, Any], batch_size: tuple[int, ...]) -> Any:
         return _nested_dict(source)
 
+    # Nested keys with sub-dicts (``leaves=False``) come from a plain recursive walk: optree lists leaves only.
     def keys(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested:
+        if nested and leaves:
             return functools.partial(optree.tree_paths, td)
+        if nested:
+            return lambda: _nested_entries(td)[0]
         return lambda: list(td.keys())
 
     def values(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested:
+        if nested and leaves:
             return functools.partial(optree.tree_leaves, td)
+        if nested:
+            return lambda: _nested_entries(td)[1]
         return lambda: list(td.values())
 
     def items(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested:
+        if nested and leaves:
             return lambda: list(zip(*optree.tree_flatten_with_path(td)[:2]))
+        if nested:
+            return lambda: list(zip(*_nested_entries(td)))
         return lambda: list(td.items())
 
     def contains(self, td: Any, key: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested:
+        if nested and leaves:
             return lambda: key in optree.tree_paths(td)
+        if nested:
+            # a path into the dicts, leaf or sub-dict, is a key of the nested keys
+            return functools.partial(_has_path, td, key)
         return lambda: key in td.keys()
 
     def get(self, td: Any, key: Any) -> Thunk:
@@ -407,6 +438,9 @@ class PytreeImpl(Impl):
 
     def scatter(self, td: Any, index: Any, value: Any) -> Thunk:
         return functools.partial(optree.tree_map, _scatter_leaf(index), td, value)
+
+    def share(self, td: Any) -> Thunk:
+        return functools.partial(optree.tree_map, _shared_copy, td)
 
     # Key operations on plain dicts: the dicts along a path are copied and the rest is shared, as a
     # node's are; nothing is validated.
