@@ -261,21 +261,31 @@ def _get_path(tree: dict[str, Any], key: Any) -> Any:
     return tree
 
 
-def _walk(tree: dict[str, Any], prefix: tuple[str, ...], paths: list[Any], values: list[Any]) -> None:
-    """Append the path and value of every entry, sub-dicts included, depth first (a node's nested keys)."""
+def _walk(tree: dict[str, Any], prefix: tuple[str, ...], leaves: bool, paths: list[Any], values: list[Any]) -> None:
+    """Append the path and value of every entry (``leaves``: of every leaf only), depth first."""
     for key, value in tree.items():
         path = (*prefix, key)
-        paths.append(path)
-        values.append(value)
         if type(value) is dict:
-            _walk(value, path, paths, values)
+            if not leaves:
+                paths.append(path)
+                values.append(value)
+            _walk(value, path, leaves, paths, values)
+        else:
+            paths.append(path)
+            values.append(value)
 
 
-def _nested_entries(tree: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+def _nested_entries(tree: dict[str, Any], leaves: bool) -> tuple[list[Any], list[Any]]:
+    """The nested keys and values: a plain recursive walk, which is faster than optree's
+    ``tree_paths`` / ``tree_leaves`` on these trees (the floor is the fastest plain-dict spelling)."""
     paths: list[Any] = []
     values: list[Any] = []
-    _walk(tree, (), paths, values)
+    _walk(tree, (), leaves, paths, values)
     return paths, values
+
+
+def _has_leaf(tree: dict[str, Any], key: Any) -> bool:
+    return _has_path(tree, key) and type(_get_path(tree, key)) is not dict
 
 
 def _has_path(tree: dict[str, Any], key: Any) -> bool:
@@ -371,34 +381,25 @@ class PytreeImpl(Impl):
     def node(self, source: Mapping[str, Any], batch_size: tuple[int, ...]) -> Any:
         return _nested_dict(source)
 
-    # Nested keys with sub-dicts (``leaves=False``) come from a plain recursive walk: optree lists leaves only.
     def keys(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested and leaves:
-            return functools.partial(optree.tree_paths, td)
         if nested:
-            return lambda: _nested_entries(td)[0]
+            return lambda: _nested_entries(td, leaves)[0]
         return lambda: list(td.keys())
 
     def values(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested and leaves:
-            return functools.partial(optree.tree_leaves, td)
         if nested:
-            return lambda: _nested_entries(td)[1]
+            return lambda: _nested_entries(td, leaves)[1]
         return lambda: list(td.values())
 
     def items(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested and leaves:
-            return lambda: list(zip(*optree.tree_flatten_with_path(td)[:2]))
         if nested:
-            return lambda: list(zip(*_nested_entries(td)))
+            return lambda: list(zip(*_nested_entries(td, leaves)))
         return lambda: list(td.items())
 
     def contains(self, td: Any, key: Any, nested: bool = False, leaves: bool = False) -> Thunk:
-        if nested and leaves:
-            return lambda: key in optree.tree_paths(td)
+        # a path into the dicts: any entry is a nested key, a leaf is a nested leaf key
         if nested:
-            # a path into the dicts, leaf or sub-dict, is a key of the nested keys
-            return functools.partial(_has_path, td, key)
+            return functools.partial(_has_leaf if leaves else _has_path, td, key)
         return lambda: key in td.keys()
 
     def get(self, td: Any, key: Any) -> Thunk:
