@@ -261,6 +261,33 @@ def _get_path(tree: dict[str, Any], key: Any) -> Any:
     return tree
 
 
+def _walk(tree: dict[str, Any], prefix: tuple[str, ...], leaves: bool, paths: list[Any], values: list[Any]) -> None:
+    """Append the path and value of every entry (``leaves``: of every leaf only), depth first."""
+    for key, value in tree.items():
+        path = (*prefix, key)
+        if type(value) is dict:
+            if not leaves:
+                paths.append(path)
+                values.append(value)
+            _walk(value, path, leaves, paths, values)
+        else:
+            paths.append(path)
+            values.append(value)
+
+
+def _nested_entries(tree: dict[str, Any], leaves: bool) -> tuple[list[Any], list[Any]]:
+    """The nested keys and values: a plain recursive walk, which is faster than optree's
+    ``tree_paths`` / ``tree_leaves`` on these trees (the floor is the fastest plain-dict spelling)."""
+    paths: list[Any] = []
+    values: list[Any] = []
+    _walk(tree, (), leaves, paths, values)
+    return paths, values
+
+
+def _has_leaf(tree: dict[str, Any], key: Any) -> bool:
+    return _has_path(tree, key) and type(_get_path(tree, key)) is not dict
+
+
 def _has_path(tree: dict[str, Any], key: Any) -> bool:
     for part in (key,) if type(key) is str else key:
         if type(tree) is not dict or part not in tree:
@@ -329,6 +356,10 @@ def _select(tree: dict[str, Any], keys: tuple[Any, ...]) -> dict[str, Any]:
     return out
 
 
+def _shared_copy(leaf: torch.Tensor) -> torch.Tensor:
+    return leaf.clone().share_memory_()
+
+
 def _scatter_leaf(index: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     def scatter(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = x.clone()
@@ -352,22 +383,23 @@ class PytreeImpl(Impl):
 
     def keys(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
         if nested:
-            return functools.partial(optree.tree_paths, td)
+            return lambda: _nested_entries(td, leaves)[0]
         return lambda: list(td.keys())
 
     def values(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
         if nested:
-            return functools.partial(optree.tree_leaves, td)
+            return lambda: _nested_entries(td, leaves)[1]
         return lambda: list(td.values())
 
     def items(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
         if nested:
-            return lambda: list(zip(*optree.tree_flatten_with_path(td)[:2]))
+            return lambda: list(zip(*_nested_entries(td, leaves)))
         return lambda: list(td.items())
 
     def contains(self, td: Any, key: Any, nested: bool = False, leaves: bool = False) -> Thunk:
+        # a path into the dicts: any entry is a nested key, a leaf is a nested leaf key
         if nested:
-            return lambda: key in optree.tree_paths(td)
+            return functools.partial(_has_leaf if leaves else _has_path, td, key)
         return lambda: key in td.keys()
 
     def get(self, td: Any, key: Any) -> Thunk:
@@ -407,6 +439,9 @@ class PytreeImpl(Impl):
 
     def scatter(self, td: Any, index: Any, value: Any) -> Thunk:
         return functools.partial(optree.tree_map, _scatter_leaf(index), td, value)
+
+    def share(self, td: Any) -> Thunk:
+        return functools.partial(optree.tree_map, _shared_copy, td)
 
     # Key operations on plain dicts: the dicts along a path are copied and the rest is shared, as a
     # node's are; nothing is validated.

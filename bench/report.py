@@ -1,6 +1,10 @@
 """Print a bench run as a Markdown table, tdtree beside tensordict and plain pytrees.
 
-Usage: ``python -m bench.report [bench/results/latest.json]``
+Usage: ``python -m bench.report [FILE.json ...]`` (default ``bench/results/latest.json``)
+
+Given several files, from repeated full runs, each (case, implementation) row is the one with the
+lowest median over the files, its max and mean from that same run: a stall that slowed one run
+does not make a case look behind. With one file the table is that run's.
 
 One row per case (the implementations of a case grouped by name): tdtree's
 max and mean time and its operations per second, the ops of tensordict and
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +82,19 @@ def load(path: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
         case = info.get("case", bench["name"])
         cases.setdefault(case, {})[info.get("impl", "tdtree")] = bench["stats"]
     return cases
+
+
+def load_best(paths: Iterable[str | Path]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{case: {impl: stats}} over several runs: per row the stats with the lowest median, cases in
+    the order they first appear."""
+    best: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in paths:
+        for case, impls in load(path).items():
+            row = best.setdefault(case, {})
+            for impl, stats in impls.items():
+                if impl not in row or stats["median"] < row[impl]["median"]:
+                    row[impl] = stats
+    return best
 
 
 def geomean(values: list[float]) -> float:
@@ -158,11 +176,12 @@ def table(cases: dict[str, dict[str, dict[str, Any]]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    path = Path(args[0]) if args else DEFAULT
-    if not path.exists():
-        print(f"no results at {path}: run `make bench` first", file=sys.stderr)
-        return 1
-    print(table(load(path)))
+    paths = [Path(arg) for arg in args] or [DEFAULT]
+    for path in paths:
+        if not path.exists():
+            print(f"no results at {path}: run `make bench` first", file=sys.stderr)
+            return 1
+    print(table(load_best(paths)))
     return 0
 
 

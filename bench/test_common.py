@@ -82,6 +82,7 @@ def test_items(benchmark, impl: Impl) -> None:
     assert len(benchmark(impl.items(big_td(impl)))) == 100
 
 
+@pytest.mark.pytree
 def test_items_nested(benchmark, impl: Impl) -> None:
     assert len(benchmark(impl.items(big_nested(impl), True))) == 19 + 19
 
@@ -102,6 +103,7 @@ def test_keys(benchmark, impl: Impl) -> None:
     assert len(benchmark(impl.keys(big_td(impl)))) == 100
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_keys_nested(benchmark, impl: Impl) -> None:
     assert len(benchmark(impl.keys(big_nested(impl), True))) == 19 + 19
@@ -118,10 +120,12 @@ def test_keys_nested_leaf(benchmark, impl: Impl) -> None:
     assert len(benchmark(impl.keys(big_nested(impl), True, True))) == 19
 
 
+@pytest.mark.pytree
 def test_keys_nested_leaf_loop(benchmark, impl: Impl) -> None:
-    """Iterate over the nested leaf keys with a Python loop."""
+    """Iterate over the nested leaf keys with a Python loop (pytree: over the walk's leaf paths)."""
     td = big_nested(impl)
-    out = benchmark(lambda: [key for key in td.keys(True, True)])  # noqa: C416
+    keys = impl.keys(td, True, True) if impl.name == "pytree" else lambda: td.keys(True, True)
+    out = benchmark(lambda: [key for key in keys()])  # noqa: C416
     assert len(out) == 19
 
 
@@ -130,6 +134,7 @@ def test_values(benchmark, impl: Impl) -> None:
     assert len(benchmark(impl.values(big_td(impl)))) == 100
 
 
+@pytest.mark.pytree
 def test_values_nested(benchmark, impl: Impl) -> None:
     assert len(benchmark(impl.values(big_nested(impl), True))) == 19 + 19
 
@@ -154,6 +159,7 @@ def test_membership(benchmark, impl: Impl) -> None:
     assert benchmark(impl.contains(big_td(impl), "a")) is False
 
 
+@pytest.mark.pytree
 def test_membership_nested(benchmark, impl: Impl) -> None:
     assert benchmark(impl.contains(big_nested(impl), ("a",), True)) is False
 
@@ -163,6 +169,7 @@ def test_membership_nested_leaf(benchmark, impl: Impl) -> None:
     assert benchmark(impl.contains(big_nested(impl), ("a",), True, True)) is False
 
 
+@pytest.mark.pytree
 def test_membership_nested_last(benchmark, impl: Impl) -> None:
     """The deepest sub-node's key, found at the end of the nested keys."""
     assert benchmark(impl.contains(big_nested(impl), LAST_NODE, True)) is True

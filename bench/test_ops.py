@@ -246,11 +246,12 @@ def test_to_cpu(benchmark, impl: Impl) -> None:
     assert _a(out).device.type == "cpu"
 
 
+@pytest.mark.pytree
 def test_set_shared(benchmark, impl: Impl) -> None:
     """A copy of ``small_td`` in shared memory, the input unchanged.
 
     tdtree: ``share_memory()`` (it copies); tensordict: ``clone().share_memory_()``
-    as in its suite.
+    as in its suite; pytree: the same on every leaf.
     """
     impl.require("share_memory")
     out = benchmark(impl.share(small_td(impl)))

@@ -7,6 +7,10 @@ The record is tensordict's ``MyData``: tensors ``a``, ``b``, a string ``c`` and 
 ``MyData`` ``d``; ``ManyFields`` has ten tensor fields. The tdtree row uses ``tdtree.TensorClass``,
 the tensordict row ``tensordict.tensorclass``. tensordict's suite passes ints for tensor fields
 (it converts them); both rows here get 0-dim tensors, as in its ``test_tc_init`` case.
+
+The field reads and the compiled cases have a pytree row: the same function over a plain dict of
+the same values (``s.x`` is ``d["x"]``, ``s.replace(x=v)`` is ``{**d, "x": v}``, ``s + 1`` is
+``optree.tree_map``). Construction has none: a dict literal checks no field and no batch size.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import tdtree
 
 from .impls import Impl, tensordict
 from .modes import MODES, run_mode
-from .test_compile import add_one, add_self
+from .test_compile import add_one, add_one_pytree, add_self, add_self_pytree
 
 
 class MyData(tdtree.TensorClass):
@@ -105,9 +109,14 @@ def _my_data(impl: Impl) -> Any:
 
 
 def _record(impl: Impl) -> Any:
-    cls = _my_data(impl)
+    cls: Any = dict if impl.name == "pytree" else _my_data(impl)
     inner = cls(a=torch.zeros(()), b=torch.ones(()), c="a string", d=None)
     return cls(a=torch.zeros(()), b=torch.ones(()), c="a string", d=inner)
+
+
+def _field(record: Any, name: str) -> Any:
+    """``record.<name>``; a dict's entry for the pytree row (for checking results, not timed)."""
+    return record[name] if type(record) is dict else getattr(record, name)
 
 
 @pytest.mark.quick
@@ -131,52 +140,64 @@ def test_tc_init_many_fields(benchmark, impl: Impl) -> None:
     assert out.f9 is z
 
 
+@pytest.mark.pytree
 @pytest.mark.quick
 def test_tc_first_layer_tensor(benchmark, impl: Impl) -> None:
     d = _record(impl)
-    assert benchmark(lambda: d.a).shape == ()
+    out = benchmark((lambda: d["a"]) if impl.name == "pytree" else (lambda: d.a))
+    assert out.shape == ()
 
 
+@pytest.mark.pytree
 def test_tc_first_layer_nontensor(benchmark, impl: Impl) -> None:
     d = _record(impl)
-    assert benchmark(lambda: d.c) == "a string"
+    assert benchmark((lambda: d["c"]) if impl.name == "pytree" else (lambda: d.c)) == "a string"
 
 
+@pytest.mark.pytree
 def test_tc_second_layer_tensor(benchmark, impl: Impl) -> None:
     d = _record(impl)
-    assert benchmark(lambda: d.d.a).shape == ()
+    out = benchmark((lambda: d["d"]["a"]) if impl.name == "pytree" else (lambda: d.d.a))
+    assert out.shape == ()
 
 
+@pytest.mark.pytree
 def test_tc_second_layer_nontensor(benchmark, impl: Impl) -> None:
     d = _record(impl)
-    assert benchmark(lambda: d.d.c) == "a string"
+    assert benchmark((lambda: d["d"]["c"]) if impl.name == "pytree" else (lambda: d.d.c)) == "a string"
 
 
 # -- compile_td_test.py's tensorclass cases, eager and compiled ---------------------------------
 
 
 def _flat(impl: Impl) -> Any:
-    cls = Flat if impl.name == "tdtree" else TDFlat
-    return cls(**{k: torch.ones(15) for k in "abcdef"})
+    fields = {k: torch.ones(15) for k in "abcdef"}
+    if impl.name == "pytree":
+        return fields
+    return (Flat if impl.name == "tdtree" else TDFlat)(**fields)
 
 
 def _replace_state(impl: Impl) -> Any:
-    cls = ReplaceState if impl.name == "tdtree" else TDReplaceState
-    return cls(**{k: torch.randn(4) for k in "xyzwv"}, batch_size=[4])
+    fields = {k: torch.randn(4) for k in "xyzwv"}
+    if impl.name == "pytree":
+        return fields
+    return (ReplaceState if impl.name == "tdtree" else TDReplaceState)(**fields, batch_size=[4])
 
 
+@pytest.mark.pytree
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_one_flat_tensorclass(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     tc = _flat(impl)
-    out = run_mode(benchmark, impl, mode, compiler, add_one, tc)
-    assert type(out) is type(tc) and out.f[0] == 2
+    out = run_mode(benchmark, impl, mode, compiler, add_one_pytree if impl.name == "pytree" else add_one, tc)
+    assert type(out) is type(tc) and _field(out, "f")[0] == 2
 
 
+@pytest.mark.pytree
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_add_self_flat_tensorclass(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
     tc = _flat(impl)
-    out = run_mode(benchmark, impl, mode, compiler, add_self, tc)
-    assert type(out) is type(tc) and out.a[0] == 2
+    out = run_mode(benchmark, impl, mode, compiler, add_self_pytree if impl.name == "pytree" else add_self, tc)
+    assert type(out) is type(tc) and _field(out, "a")[0] == 2
 
 
 def _replace_single(s: Any) -> Any:
@@ -196,17 +217,39 @@ def _replace_multi(s: Any) -> Any:
     return s.replace(x=s.x + s.y + s.z)
 
 
+def _replace_single_dict(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {**s, "x": s["x"] + 1}
+
+
+def _replace_multi_dict(s: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    s = {**s, "x": s["x"] + 1}
+    s = {**s, "y": s["y"] + 2}
+    s = {**s, "z": s["z"] + 3}
+    s = {**s, "x": s["x"] * 0.9, "y": s["y"] * 0.9}
+    s = {**s, "w": s["w"] + s["x"]}
+    s = {**s, "v": s["v"] - 1, "w": s["w"] + 1}
+    s = {**s, "x": s["x"] + s["v"], "y": s["y"] + s["w"], "z": s["z"] + 0.1}
+    s = {**s, "v": torch.zeros_like(s["v"])}
+    s = {**s, "w": torch.ones_like(s["w"])}
+    return {**s, "x": s["x"] + s["y"] + s["z"]}
+
+
+_REPLACE = {"single": _replace_single, "multi": _replace_multi}
+_REPLACE_DICT = {"single": _replace_single_dict, "multi": _replace_multi_dict}
+
+
+@pytest.mark.pytree
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("variant", ["single", "multi"])
 def test_compile_replace(benchmark, impl: Impl, mode: str, variant: str, compiler: Any) -> None:
     s = _replace_state(impl)
-    fn = _replace_single if variant == "single" else _replace_multi
+    fn = (_REPLACE_DICT if impl.name == "pytree" else _REPLACE)[variant]
     out = run_mode(benchmark, impl, mode, compiler, fn, s)
     assert type(out) is type(s)
     if variant == "single":
-        assert torch.equal(out.x, s.x + 1)
+        assert torch.equal(_field(out, "x"), _field(s, "x") + 1)
     else:
-        assert torch.equal(out.v, torch.zeros(4)) and torch.equal(out.w, torch.ones(4))
+        assert torch.equal(_field(out, "v"), torch.zeros(4)) and torch.equal(_field(out, "w"), torch.ones(4))
 
 
 def _big20(impl: Any) -> Any:
@@ -226,9 +269,21 @@ def _getattr_sum(tc: Any) -> torch.Tensor:
     return total
 
 
+def _getitem_sum(d: dict[str, torch.Tensor]) -> torch.Tensor:
+    total = d["f0"]
+    for i in range(1, 20):
+        total = total + d[f"f{i}"]
+    return total
+
+
+@pytest.mark.pytree
 @pytest.mark.parametrize("mode", MODES)
 def test_compile_tc_getattr_20(benchmark, impl: Impl, mode: str, compiler: Any) -> None:
-    cls = _BIG20.get(impl.name) or _BIG20.setdefault(impl.name, _big20(impl))
-    tc = cls(**{f"f{i}": torch.randn(4) for i in range(20)}, batch_size=[4])
-    out = run_mode(benchmark, impl, mode, compiler, _getattr_sum, tc)
-    assert torch.allclose(out, sum(getattr(tc, f"f{i}") for i in range(20)))
+    fields = {f"f{i}": torch.randn(4) for i in range(20)}
+    if impl.name == "pytree":
+        tc, fn = fields, _getitem_sum
+    else:
+        cls = _BIG20.get(impl.name) or _BIG20.setdefault(impl.name, _big20(impl))
+        tc, fn = cls(**fields, batch_size=[4]), _getattr_sum
+    out = run_mode(benchmark, impl, mode, compiler, fn, tc)
+    assert torch.allclose(out, sum(fields.values()))

@@ -73,6 +73,39 @@ def test_report_main_without_results(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "missing.json" in capsys.readouterr().err
 
 
+def test_report_of_one_file_is_that_run(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert report.main([str(results)]) == 0
+    assert capsys.readouterr().out == report.table(report.load(results)) + "\n"
+
+
+def test_report_of_several_runs_keeps_each_rows_lowest_median(
+    results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a second run: test_slow's tdtree row no longer stalled (4x faster), test_fast's tensordict row
+    # faster (the row the goals compare with), test_select_nested's tdtree row slower (kept from run 1),
+    # and a case the first run lacks
+    second = [
+        _bench("test_slow", "tdtree", 0.5e-6),
+        _bench("test_fast", "tensordict", 3e-6),
+        _bench("test_select_nested", "tdtree", 6e-6),
+        _bench("test_new", "tdtree", 1e-6),
+    ]
+    other = tmp_path / "run2.json"
+    other.write_text(json.dumps({"benchmarks": second}))
+    best = report.load_best([results, other])
+    assert list(best) == [*report.load(results), "test_new"]
+    assert best["test_slow"]["tdtree"] == _stats(0.5e-6) and best["test_slow"]["pytree"] == _stats(1e-6 / 1.5)
+    assert best["test_fast"]["tensordict"] == _stats(3e-6)
+    assert best["test_select_nested"]["tdtree"] == _stats(3e-6)
+    assert report.main([str(results), str(other)]) == 0
+    out = capsys.readouterr().out
+    assert out == report.table(best) + "\n"
+    # test_slow is now 2x tensordict, no longer behind; held to 1.2x its floor (under 2.2x tensordict),
+    # it now beats the floor. test_fast still meets 2x tensordict, rename_nested still misses its goal.
+    assert "ahead of tensordict in 4 cases and behind in 0 (of 4 run on both; 0 cases" in out
+    assert "Goals: 4 of 5 cases meet theirs" in out
+
+
 def _side(median: float, spread: float) -> dict[str, dict[str, float]]:
     return {"test_a": _stats(median, median * (1 - spread), median * (1 + spread))}
 
