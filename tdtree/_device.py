@@ -17,6 +17,7 @@ import torch
 from ._base import Node, NodeT, make
 from ._maps import flat, leaves, map_leaves
 from ._tags import storage_key, tag_rule
+from ._validate import as_device
 
 __all__ = ["to", "cpu", "cuda", "pin_memory", "contiguous", "nbytes"]
 
@@ -33,7 +34,7 @@ def _parse(args: tuple[Any, ...], device: Any, dtype: Any) -> tuple[torch.device
             raise TypeError(f"to() takes a device and/or a dtype (positionally or as device=/dtype=), got {arg!r}")
     if isinstance(device, int):
         device = torch.device("cuda", device)
-    return (None if device is None else torch.device(device)), dtype
+    return as_device(device), dtype
 
 
 def _moved(node: NodeT, device: torch.device, leaf_fn: Any) -> NodeT:

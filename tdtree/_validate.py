@@ -77,7 +77,20 @@ def dim_index(dim: object, n: int) -> int | None:
 
 
 def as_device(device: Any) -> torch.device | None:
-    return None if device is None else torch.device(device)
+    """``device`` as the ``torch.device`` a tensor put there reports; None stays None.
+
+    An accelerator device named without an index (``"cuda"``) is the current one of its type
+    (``cuda:0``), as ``torch.zeros(1, device="cuda").device`` is: a node records the device its
+    leaves report, so ``node.device == leaf.device`` holds.
+    """
+    if device is None:
+        return None
+    dev = device if type(device) is torch.device else torch.device(device)
+    if dev.index is None and dev.type != "cpu":
+        current = torch.accelerator.current_accelerator()
+        if current is not None and current.type == dev.type:
+            dev = torch.device(dev.type, torch.accelerator.current_device_index())
+    return dev
 
 
 _Tensor = torch.Tensor

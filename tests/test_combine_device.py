@@ -244,10 +244,25 @@ def test_to_bad_argument():
 
 def test_cuda_without_accelerator_is_torch_error():
     if torch.cuda.is_available():
-        assert node().cuda().device == torch.device("cuda")
+        out = node().cuda()
+        assert out.device == torch.device("cuda", torch.cuda.current_device()) == out["a"].device
     else:
         with pytest.raises((RuntimeError, AssertionError), match="CUDA|cuda|NVIDIA"):
             node().cuda()
+
+
+def test_a_device_without_index_is_recorded_as_the_current_one(monkeypatch):
+    # No accelerator is lent to CI: torch.accelerator is stood in for, as a machine with a current
+    # cuda:1 would answer. A node without leaves records the device it is given, moving nothing.
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 1)
+    cuda1 = torch.device("cuda", 1)
+    assert TensorDict({}, [], device="cuda").device == cuda1
+    assert TensorDict({}, [], device="cuda:0").device == torch.device("cuda", 0)
+    assert TensorDict({"sub": {}}, []).to("cuda").device == cuda1
+    assert TensorDict({"sub": {}}, []).cuda()["sub"].device == cuda1
+    assert TensorDict({}, [], device="cpu").device == torch.device("cpu")
+    assert TensorDict({}, [], device="meta").device == torch.device("meta")
 
 
 def test_pin_memory():
