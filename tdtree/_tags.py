@@ -234,8 +234,16 @@ def _ruled(results: list[Any], inputs: list[Node], common: frozenset) -> list[An
 def _untagged(x: Any) -> bool:
     """Whether the argument ``x`` holds no tagged node (after the gate's lookup of its type failed)."""
     t = type(x)
-    if t is tuple and x and type(x[0]) is str:  # a nested key (told inline: the common case here)
-        return True
+    if t is tuple or t is list:
+        if x and type(x[0]) is str and t is tuple:  # a nested key (told inline: the common case here)
+            return True
+        # an index of slices, ints, tensors, ``...`` and None, or a list of sizes: told by the items'
+        # types, without the walk of holds_tagged
+        for item in x:
+            if not is_untagged_type(type(item)):
+                break
+        else:
+            return True
     return not is_tagged_type(t) and not holds_tagged(x)
 
 
