@@ -106,6 +106,17 @@ def test_replace_agrees_with_set(rec, data):
     assert_equal(out.to_node(), rec.to_node().set("x", new_x))
 
 
+@given(rec=records(min_dims=0), data=st.data())
+def test_replace_of_tensors_agrees_with_set(rec, data):
+    rec = rec.unlock()
+    new = data.draw(tensordicts(rec.batch_size, max_depth=0, min_keys=2, max_keys=2, names=st.sampled_from(["x", "y"])))
+    out = assert_pure(lambda r: r.replace(x=new["x"]), rec)
+    agrees(out, rec, rec.to_node().set("x", new["x"]))
+    assert out.part is rec.part and out.extras is rec.extras
+    both = out.replace(x=new["y"], part=rec.part.replace(y=new["x"]))
+    agrees(both, rec, rec.to_node().set("x", new["y"]).set(("part", "y"), new["x"]))
+
+
 @given(rec=records(min_dims=0))
 def test_optree_round_trip(rec):
     """Unflatten rebuilds the instance untagged (DESIGN 3.1; it kept the tags before)."""

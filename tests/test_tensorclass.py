@@ -497,6 +497,42 @@ def test_replace():
     assert statics(new) == [(k, 9 if k == "count" else v) for k, v in statics(obs)]
 
 
+def test_replace_of_tensors_shares_the_rest():
+    obs = make_obs()
+    x, y = torch.ones(4, 3), torch.ones(4, 2)
+    new = obs.replace(x=x)
+    assert_same_record(new, obs, obs.to_node().set("x", x))
+    assert new.x is x and new.inner is obs.inner and new.extras is obs.extras and new.tags == frozenset()
+    assert obs.x is not x and obs.to_node()["x"] is obs.x
+    # the dims past the batch may change
+    wider = Plain(a=torch.zeros(2, 3), batch_size=[2]).replace(a=torch.ones(2, 5))
+    assert wider.a.shape == (2, 5) and wider.flag is True and wider.to_node()["a"] is wider.a
+    assert new.replace(inner=Inner(y=y, batch_size=[4])).inner.y is y
+    # a field static while None becomes data: the node's keys and the static fields change
+    a, b = torch.zeros(2), torch.ones(2)
+    full = Maybe(a, batch_size=[2]).replace(b=b)
+    assert tt.tree.structure(full) == tt.tree.structure(Maybe(a, b, batch_size=[2])) and full.b is b
+
+
+def test_replace_of_tensors_checks_each_value():
+    obs = make_obs()
+    with pytest.raises(FieldError, match="Obs has no field 'nope'"):
+        obs.replace(x=torch.ones(4, 3), nope=torch.zeros(4))
+    with pytest.raises(FieldError, match=r"Obs.x expects Tensor, got str"):
+        obs.replace(x="no")
+    with pytest.raises(FieldError, match=r"Obs.count expects int, got Tensor"):
+        obs.replace(count=torch.zeros(4))
+    with pytest.raises(BatchSizeError, match=r"Maybe.replace: .*'b'"):
+        Maybe(torch.zeros(2), torch.zeros(2), batch_size=[2]).replace(a=torch.ones(2), b=torch.ones(3))
+    with pytest.raises(FieldError, match=r"Obs.inner expects Inner, got Tensor"):
+        obs.replace(inner=torch.zeros(4, 2))
+    # a tensor subclass and a tensor on another device take the general path: kept, and moved
+    param = torch.nn.Parameter(torch.zeros(4, 3))
+    assert obs.replace(x=param).x is param
+    on_meta = obs.to("meta").replace(x=torch.ones(4, 3))
+    assert on_meta.x.device.type == "meta" and on_meta.to_node()["x"] is on_meta.x
+
+
 def test_replace_on_locked_is_refused():
     with pytest.raises(LockedError, match=r"replace\(\) on a locked node.*unlock\(\)"):
         make_obs().lock().replace(count=1)

@@ -17,11 +17,16 @@ Operations are thin methods (:mod:`tdtree._tensorclass._ops`) that run the Tenso
 operation on ``_td`` and rewrap the result with :func:`rewrap`: the tag rule
 and every other behaviour are the TensorDict's.
 
+``replace`` (:func:`replaced`) edits the inner node as ``set`` does; its common case (plain
+tensors for tensor fields of an untagged instance) is checked inline and copies the other slots
+with code made for the class.
+
 The pytree registration and :func:`rewrap` are in :mod:`tdtree._tensorclass._pytree`.
 """
 
 from __future__ import annotations
 
+import keyword
 import sys
 import types
 import typing
@@ -29,17 +34,20 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import torch
+from torch.compiler import substitute_in_graph
 
-from .._base import Layout, layout
+from .._base import Layout, layout, with_meta
 from .._node import TensorDict
 from .._repr import record_repr
 from .._tags import Locked, tag_rule
-from .._validate import STATIC_TYPES, Check, bind, field_value, fill_record, hint_name, record, split
+from .._validate import CPU, STATIC_TYPES, Check, bind, field_value, fill_record, hint_name, record, split
 from ..errors import BatchSizeError, FieldError, LockedError
 from ._ops import RecordOps
 from ._pytree import register, rewrap
 
 __all__ = ["TensorClass", "TensorClassMeta", "tensorclass", "from_layout"]
+
+_Tensor = torch.Tensor
 
 
 def _field(*, default: Any = None, kw_only: bool = False) -> Any:
@@ -165,14 +173,97 @@ def _rebuilt(old: TensorDict, data: dict[str, Any]) -> TensorDict:
     return TensorDict(data, old._meta[1], old._meta[2])
 
 
+def _slot(cls: Any, name: str) -> Any:
+    """The slot descriptor of ``name`` in ``cls`` (declared by the class or a base)."""
+    for klass in cls.__mro__:
+        found = klass.__dict__.get(name)
+        if isinstance(found, types.MemberDescriptorType):
+            return found
+    raise AttributeError(f"{cls.__name__} has no slot {name!r}")
+
+
+def _swap(cls: Any) -> tuple[frozenset[str], Callable[..., Any]]:
+    """For :func:`replaced`'s common case: the fields of ``cls`` that take a plain tensor, and a function
+    of ``(tc, changes, td, static)`` making an instance with ``td``, ``static`` and each field's value
+    from ``changes``, else ``tc``'s; made on first use, kept as ``cls._swap``."""
+    swap = cls.__dict__.get("_swap")
+    if swap is None:
+        # Straight-line code, one line per field, with no loop over the names; each slot is written
+        # through its descriptor's __set__, which costs less than object.__setattr__ (that call packs
+        # its arguments into a tuple). A field is read as an attribute when its name can be spelled as
+        # one (always, for fields declared in a class body).
+        namespace: dict[str, Any] = {
+            "_new": object.__new__,
+            "_get": getattr,
+            "_cls": cls,
+            "_set_td": _slot(cls, "_td").__set__,
+            "_set_static": _slot(cls, "_static").__set__,
+        }
+        lines = [
+            "def _copy(tc, changes, td, static):",
+            "    obj = _new(_cls)",
+            "    _set_td(obj, td)",
+            "    _set_static(obj, static)",
+        ]
+        for i, name in enumerate(cls._fields):
+            namespace[f"_set{i}"] = _slot(cls, name).__set__
+            read = f"tc.{name}" if name.isidentifier() and not keyword.iskeyword(name) else f"_get(tc, {name!r})"
+            lines.append(f"    _set{i}(obj, changes[{name!r}] if {name!r} in changes else {read})")
+        lines.append("    return obj")
+        exec("\n".join(lines), namespace)  # noqa: S102 - source built above from the class's field names
+        swap = (frozenset(c[0] for c in _checks(cls) if c[3]), namespace["_copy"])
+        type.__setattr__(cls, "_swap", swap)
+    return swap  # type: ignore[no-any-return]
+
+
 def replaced(tc: Any, changes: dict[str, Any]) -> Any:
     """``tc`` with the fields in ``changes`` replaced (each checked as in the constructor, the others
-    not again); the inner node is edited with ``set``/``exclude``, so tags follow the rule."""
+    not again); the inner node is edited as ``set``/``exclude`` edit it, so tags follow the rule.
+    LockedError for a Locked instance."""
     cls = type(tc)
+    td = tc._td
+    _, size, device, tags = meta = td._meta
+    if tags or device is None:
+        return _edited(tc, cls, td, changes)
+    # The common case, told inline: an untagged node with a device (no tag to decide, no device to
+    # settle), and every change a plain tensor for a data field that takes one, fitting the batch size,
+    # on that device: ``set`` would keep it as it is, and the keys and static fields stay the same.
+    takes, copy = cls.__dict__.get("_swap") or _swap(cls)
+    old = td._data
+    n = len(size)
+    # a shape s fits when size <= s < hi, as _validate._checked tells it
+    hi = (size[0], size[1] + 1) if n == 2 else (size[0] + 1,) if n == 1 else (*size[:-1], size[-1] + 1) if n else ()
+    cpu = device is CPU
+    for name, value in changes.items():
+        if (
+            type(value) is not _Tensor
+            or name not in old
+            or name not in takes
+            or (n and not size <= value.shape < hi)
+            or not (value.is_cpu if cpu else value.device == device)
+        ):
+            return _edited(tc, cls, td, changes)
+    data = old.copy()
+    data.update(changes)
+    return copy(tc, changes, with_meta(type(td), data, meta), tc._static)
+
+
+@substitute_in_graph(replaced)
+def _replaced_traced(tc: Any, changes: dict[str, Any]) -> Any:
+    # Compiled code takes the general path: dynamo cannot trace the generated copy's descriptor
+    # writes, and its graph holds the same tensor ops either way.
+    return _edited(tc, type(tc), tc._td, changes)
+
+
+def _edited(tc: Any, cls: Any, td: TensorDict, changes: dict[str, Any]) -> Any:
+    """:func:`replaced` for any change: each value checked by ``field_value``, the node edited with
+    ``set``/``exclude`` (their tag rule and errors)."""
+    tags = td._meta[3]
+    if tags and Locked in tags:
+        raise LockedError("replace")
     checks = cls.__dict__.get("_checks") or _checks(cls)
     fields = cls._fields
     statics = dict(tc._static)
-    td = tc._td
     for name, value in changes.items():
         if name not in cls._fieldset:
             raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(fields)}")
@@ -360,8 +451,6 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
             FieldError: an unknown field, or a value of the wrong type.
             BatchSizeError: a new value does not start with the batch size.
         """
-        if Locked in self._td._meta[3]:
-            raise LockedError("replace")
         return replaced(self, fields)  # type: ignore[no-any-return]
 
     def _wrap(self, out: TensorDict) -> typing.Self:
