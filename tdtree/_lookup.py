@@ -139,32 +139,18 @@ class NestedKeysView(KeysView):
         return self._keys
 
     def __contains__(self, key: object) -> bool:
-        # A walk of its own, not get(key, default), which builds the error it would raise before it
-        # returns the default. The first part is tested with ``in`` (a key missing at the top is the
-        # common miss); below it, a subscript's KeyError ends the walk, as in get, so a found key
-        # costs a chain of subscripts.
-        data = self._node._data
-        if type(key) is str:
-            return key in data and not (self._leaves and isinstance(data[key], Node))
-        if type(key) is not tuple or not key:
+        if type(key) is tuple and len(key) > 1 and not self._nested:
             return False
-        if len(key) > 1 and not self._nested:
-            return False
-        value: Any = self._node
-        if key[0] not in data:
-            as_path(key)  # a key with a part that is not a str raises TypeError, as get() does
-            return False
-        try:
-            for part in key:
-                if type(part) is not str or not isinstance(value, Node):
-                    break
-                value = value._data[part]
-            else:
-                return not (self._leaves and isinstance(value, Node))
-        except KeyError:
-            pass
-        as_path(key)  # a key with a part that is not a str raises TypeError, as get() does
-        return False
+        value: Any = _ABSENT
+        if type(key) is str or (type(key) is tuple and key):
+            # A key missing at the top, the common miss, is told by one test: get() finds a miss by
+            # a subscript's KeyError, which costs more than the rest of the call.
+            head = key if type(key) is str else key[0]
+            if type(head) is str and head not in self._node._data:
+                as_path(key)  # a key with a part that is not a str raises TypeError, as get() does
+                return False
+            value = get(self._node, key, _ABSENT)
+        return value is not _ABSENT and not (self._leaves and isinstance(value, Node))
 
     def __iter__(self) -> Iterator[NestedKey]:
         return iter(self._list())
