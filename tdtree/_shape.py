@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from operator import methodcaller
 from typing import Any
 
 import torch
@@ -326,15 +327,14 @@ def expand(node: NodeT, *shape: Any) -> NodeT:
 
 def _rebuild_many(
     node: NodeT,
-    method: Callable[..., Sequence[torch.Tensor]],
-    args: tuple[Any, ...],
+    leaf_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
     count: int,
     root_batches: torch.Size | list[torch.Size],
 ) -> tuple[NodeT, ...]:
-    """``count`` nodes from one walk calling ``method(leaf, *args)`` once per leaf.
+    """``count`` nodes from one walk calling ``leaf_fn(leaf)`` once per leaf.
 
-    ``method`` (a ``torch.Tensor`` method: a C call, where a lambda would add a frame per leaf)
-    returns one tensor per result. ``root_batches`` is the root's batch size of every result (one
+    ``leaf_fn`` (an ``operator.methodcaller``: a C call, where a lambda would add a frame per leaf,
+    that still calls a tensor subclass's own method) returns one tensor per result. ``root_batches`` is the root's batch size of every result (one
     ``torch.Size``: unbind's, equal sections'), or a list of one per result; sub-nodes keep their
     extra batch dims as in :func:`tdtree._maps.rebuild`.
     """
@@ -351,7 +351,7 @@ def _rebuild_many(
         for k, v in data.items():
             # leaves inline (a call per leaf less); a counter, not zip(datas, parts): one iterator less per entry
             i = 0
-            for part in visit(v) if isinstance(v, Node) else method(v, *args):
+            for part in visit(v) if isinstance(v, Node) else leaf_fn(v):
                 datas[i][k] = part
                 i += 1
         # the results differ from x only in batch size: x's keys and device make their metadata; a
@@ -391,7 +391,7 @@ def unbind(node: NodeT, dim: int = 0) -> tuple[NodeT, ...]:
     d = batch_dim(node, dim, "unbind")
     batch = node._meta[1]
     rest = torch.Size((*batch[:d], *batch[d + 1 :]))
-    return _rebuild_many(node, torch.Tensor.unbind, (d,), batch[d], rest)
+    return _rebuild_many(node, methodcaller("unbind", d), batch[d], rest)
 
 
 def _split_sizes(length: int, size: int, dim: int) -> list[int]:
@@ -408,7 +408,7 @@ def _sections(node: NodeT, d: int, sizes: Sequence[int]) -> tuple[NodeT, ...]:
     batch = node._meta[1]
     roots = [torch.Size((*batch[:d], s, *batch[d + 1 :])) for s in sizes]
     shared = roots[0] if roots and roots.count(roots[0]) == len(roots) else roots
-    return _rebuild_many(node, torch.Tensor.split_with_sizes, (sizes, d), len(roots), shared)
+    return _rebuild_many(node, methodcaller("split_with_sizes", sizes, d), len(roots), shared)
 
 
 @tag_rule
