@@ -5,21 +5,24 @@ A node holds two slots: ``_data``, a dict from key to leaf in canonical
 ``(keys, batch_size, device, tags)`` that is also the node's pytree metadata.
 ``make``, ``from_meta`` and ``with_meta`` build nodes without validation: they
 are for results of operations, whose inputs were validated when they entered;
+``alike`` is ``with_meta`` for several nodes of one type and metadata in one
+call (the results of ``unbind``, or of equal ``split`` sections, at one level
+of the tree);
 ``chain``, ``along`` and ``rebuilt`` build the nodes on one key's path (a new
 path, a selected path, a path with one entry replaced) in one call; ``fill``
 writes the slots of a node the constructor made.
 
-The six result factories build untagged nodes of the root type, whatever
+The seven result factories build untagged nodes of the root type, whatever
 type or metadata they are given (DESIGN 3.1): a node made from leaves has no
 inputs whose storages it could compare, so an operation that forgets the tag
 rule loses tags instead of keeping false ones. ``make_tagged`` is the one
 factory that writes tags; only :func:`tdtree._tags.retag` calls it.
 
-These eight are the only code that writes slots. Eager code writes them through
+These nine are the only code that writes slots. Eager code writes them through
 the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
-``__set__``, so each of the eight has a traced twin, registered with
+``__set__``, so each of the nine has a traced twin, registered with
 ``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import functools
 import types
 from bisect import bisect_right as _bisect_right
+from collections.abc import Iterable
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -52,6 +56,7 @@ __all__ = [
     "make",
     "from_meta",
     "with_meta",
+    "alike",
     "make_tagged",
     "fill",
     "chain",
@@ -216,6 +221,31 @@ def with_meta(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
 @substitute_in_graph(with_meta)
 def _with_meta_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
     return _traced(object.__new__(cls._root), data, _untagged(meta) if meta[3] else meta)
+
+
+def alike(cls: type[Node], datas: Iterable[dict[str, Any]], meta: tuple) -> list[Any]:
+    """Untagged nodes of ``cls``'s root type, one per dict of ``datas``, all with the metadata ``meta``
+    (its tags left out; ``meta[0]`` is the keys of every dict): ``with_meta`` for each in one call. A
+    factory call per node costs about what the node's own writes do, and ``unbind`` makes a node per
+    index at every level."""
+    root = cls._root
+    if meta[3]:
+        meta = _untagged(meta)
+    out = []
+    for data in datas:
+        node = _new(root)
+        _set_data(node, data)
+        _set_meta(node, meta)
+        out.append(node)
+    return out
+
+
+@substitute_in_graph(alike)
+def _alike_traced(cls: type[Node], datas: Iterable[dict[str, Any]], meta: tuple) -> list[Any]:
+    root = cls._root
+    if meta[3]:
+        meta = _untagged(meta)
+    return [_traced(object.__new__(root), data, meta) for data in datas]
 
 
 def make_tagged(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:

@@ -73,7 +73,7 @@ def _retag(node: Node, tags: frozenset, types: dict[type, Any]) -> Node | None:
         out = _retag(v, tags, types)
         if out is not None:
             if new is None:  # the first changed sub-node: copy the entries once
-                new = dict(data)
+                new = data.copy()
             new[k] = out
     if new is None:
         if type(node)._tags == tags:

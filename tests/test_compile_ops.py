@@ -53,6 +53,8 @@ CASES: dict[str, tuple[Callable[[TensorDict], Any], Callable[[], TensorDict]]] =
     "along": (lambda td: td.select(("sub", "c")) * 2, nested),
     "rebuilt": (lambda td: td.exclude(("sub", "c")).set("e", td["a"] * 2), nested),
     "with_meta-clone": (lambda td: td.clone(recurse=False).set("e", td["a"] * 2), nested),
+    "alike": (lambda td: td.unbind(0)[2] * 2, nested),
+    "with_meta-split": (lambda td: td.split([1, 3], 0)[1] * 2, nested),
 }
 
 
@@ -150,6 +152,12 @@ def test_traced_node_factories_build_what_the_eager_ones_build():
         assert eager._data == traced._data == data and eager._meta == traced._meta == meta
     for eager, traced in pairs[3:]:
         assert _same_node(eager, traced)
+    datas = [data, {**data, "a": doubled}]
+    many, many_traced = _base.alike(TensorDict, datas, meta), _base._alike_traced(TensorDict, datas, meta)
+    assert len(many) == len(many_traced) == 2
+    for eager, traced, entries in zip(many, many_traced, datas):
+        assert type(eager) is type(traced) is TensorDict
+        assert eager._data is traced._data is entries and eager._meta == traced._meta == meta
     chained, along, replaced = (eager for eager, _ in pairs[3:])
     assert list(chained._data) == ["p"] and chained["p", "q"] is leaf and chained["p"].batch_size == meta[1]
     assert list(along.keys(True)) == ["sub", ("sub", "c")] and along["sub", "c"] is leaf

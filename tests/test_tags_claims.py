@@ -19,7 +19,7 @@ from _tagsets import tag_sets
 
 import tdtree as tt
 import tdtree.optim as optim
-from tdtree._base import from_meta, make, make_tagged, with_meta
+from tdtree._base import alike, from_meta, make, make_tagged, with_meta
 from tdtree._tags import tagged_type
 from tdtree.errors import LockedError
 
@@ -54,6 +54,7 @@ def test_result_factories_build_untagged_nodes_of_the_root_type() -> None:
         make(cls, data, meta[1], meta[2]),
         from_meta(cls, meta, list(data.values())),
         with_meta(cls, data, meta),
+        *alike(cls, [data, data], meta),
     ):
         assert type(node) is tt.TensorDict and node.tags == frozenset() and node._meta[:3] == meta[:3]
     tagged = make_tagged(cls, data, meta)  # the one factory that writes tags (retag's)
