@@ -165,3 +165,19 @@ def test_input_unchanged() -> None:
     td.unbind(0)
     assert td.batch_size == (2, 3) and td["a"]._version == version
     assert_equal(td["a"], before)
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass with its own unbind and split_with_sizes (Python methods, no __torch_function__)."""
+
+    def unbind(self, dim=0):
+        return tuple(part.as_subclass(torch.Tensor) + 100 for part in super().unbind(dim))
+
+    def split_with_sizes(self, split_sizes, dim=0):
+        return tuple(part.as_subclass(torch.Tensor) + 100 for part in super().split_with_sizes(split_sizes, dim))
+
+
+def test_unbind_and_split_call_a_subclass_own_methods():
+    td = tt.TensorDict({"a": torch.zeros(2, 3).as_subclass(_Marked)}, [2])
+    assert [float(p["a"].sum()) for p in td.unbind(0)] == [300.0, 300.0]
+    assert [float(p["a"].sum()) for p in td.split(1, 0)] == [300.0, 300.0]
