@@ -235,7 +235,7 @@ def _untagged(x: Any) -> bool:
     """Whether the argument ``x`` holds no tagged node (after the gate's lookup of its type failed)."""
     t = type(x)
     if t is tuple or t is list:
-        if x and type(x[0]) is str and t is tuple:  # a nested key (told inline: the common case here)
+        if t is tuple and x and type(x[0]) is str:  # a nested key (told inline: the common case here)
             return True
         # an index of slices, ints, tensors, ``...`` and None, or a list of sizes: told by the items'
         # types, without the walk of holds_tagged
