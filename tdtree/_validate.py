@@ -86,7 +86,8 @@ def as_device(device: Any) -> torch.device | None:
     if device is None:
         return None
     dev = device if type(device) is torch.device else torch.device(device)
-    if dev.index is None and dev.type != "cpu":
+    # dev.type builds a new str on every read: the CPU is told by equality
+    if dev.index is None and dev != CPU:
         current = torch.accelerator.current_accelerator()
         if current is not None and current.type == dev.type:
             dev = torch.device(dev.type, torch.accelerator.current_device_index())
