@@ -85,6 +85,8 @@ def as_device(device: Any) -> torch.device | None:
     """
     if device is None:
         return None
+    if type(device) is str and device == "cpu":  # the common name, without parsing it
+        return CPU
     dev = device if type(device) is torch.device else torch.device(device)
     # dev.type builds a new str on every read: the CPU is told by equality
     if dev.index is None and dev != CPU:
