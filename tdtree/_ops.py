@@ -361,6 +361,15 @@ _all = _reduction("all", torch.all)
 _any = _reduction("any", torch.any)
 
 
+def _over_leaves(node: Node, torch_fn: Callable[..., torch.Tensor], empty: bool) -> torch.Tensor:
+    """``torch_fn`` (``torch.all`` or ``torch.any``) over every element of every leaf, one 0-dim bool;
+    ``empty`` for a node without leaves."""
+    leaves, _ = flat(node)
+    if not leaves:
+        return torch.tensor(empty)
+    return torch_fn(torch.stack([torch_fn(x) for x in leaves]))
+
+
 def all(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:  # noqa: A001
     """Whether every element is nonzero: over everything, or over batch dims ``dim`` (``td.all()``).
 
@@ -382,12 +391,7 @@ def all(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = Fals
     >>> td.all(), (td >= 0).all()
     (tensor(False), tensor(True))
     """
-    if dim is None:
-        leaves, _ = flat(node)
-        if not leaves:
-            return torch.tensor(True)
-        return torch.stack([x.all() for x in leaves]).all()
-    return _all(node, dim, keepdim)
+    return _over_leaves(node, torch.all, True) if dim is None else _all(node, dim, keepdim)
 
 
 def any(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:  # noqa: A001
@@ -406,9 +410,4 @@ def any(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = Fals
     Raises:
         BatchDimError: a dim is out of range for the batch dims, or named twice.
     """
-    if dim is None:
-        leaves, _ = flat(node)
-        if not leaves:
-            return torch.tensor(False)
-        return torch.stack([x.any() for x in leaves]).any()
-    return _any(node, dim, keepdim)
+    return _over_leaves(node, torch.any, False) if dim is None else _any(node, dim, keepdim)
