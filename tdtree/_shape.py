@@ -326,21 +326,20 @@ def expand(node: NodeT, *shape: Any) -> NodeT:
 
 
 def _rebuild_many(
-    node: NodeT,
-    leaf_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
-    count: int,
-    root_batches: torch.Size | list[torch.Size],
+    node: NodeT, leaf_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]], root_batches: list[torch.Size]
 ) -> tuple[NodeT, ...]:
-    """``count`` nodes from one walk calling ``leaf_fn(leaf)`` once per leaf.
+    """One node per entry of ``root_batches`` (the root's batch size of each result), from one walk
+    calling ``leaf_fn(leaf)`` once per leaf; sub-nodes keep their extra batch dims as in
+    :func:`tdtree._maps.rebuild`.
 
     ``leaf_fn`` (an ``operator.methodcaller``: a C call, where a lambda would add a frame per leaf,
-    that still calls a tensor subclass's own method) returns one tensor per result. ``root_batches`` is the root's batch size of every result (one
-    ``torch.Size``: unbind's, equal sections'), or a list of one per result; sub-nodes keep their
-    extra batch dims as in :func:`tdtree._maps.rebuild`.
+    that still calls a tensor subclass's own method) returns one tensor per result.
     """
     n = len(node._meta[1])
-    # results of one batch size share one metadata tuple per level, and one factory call makes them
-    same, each = (None, root_batches) if isinstance(root_batches, list) else (root_batches, [])
+    count = len(root_batches)
+    # results of one batch size (unbind's, equal sections') share one metadata tuple per level, and
+    # one factory call makes them
+    same = root_batches[0] if count and root_batches.count(root_batches[0]) == count else None
 
     def visit(x: Node) -> list[Any]:
         keys, batch_size, device, _ = x._meta
@@ -359,10 +358,10 @@ def _rebuild_many(
         if same is not None:
             size = same if len(batch_size) == n else torch.Size((*same, *batch_size[n:]))
             return alike(type(x), datas, (keys, size, device, NO_TAGS))
-        sizes = each
+        sizes = root_batches
         if len(batch_size) != n:
             extra = batch_size[n:]
-            sizes = [torch.Size((*root, *extra)) for root in each]
+            sizes = [torch.Size((*root, *extra)) for root in root_batches]
         cls = type(x)
         return [with_meta(cls, out, (keys, size, device, NO_TAGS)) for out, size in zip(datas, sizes)]
 
@@ -391,7 +390,7 @@ def unbind(node: NodeT, dim: int = 0) -> tuple[NodeT, ...]:
     d = batch_dim(node, dim, "unbind")
     batch = node._meta[1]
     rest = torch.Size((*batch[:d], *batch[d + 1 :]))
-    return _rebuild_many(node, methodcaller("unbind", d), batch[d], rest)
+    return _rebuild_many(node, methodcaller("unbind", d), [rest] * batch[d])
 
 
 def _split_sizes(length: int, size: int, dim: int) -> list[int]:
@@ -407,8 +406,7 @@ def _split_sizes(length: int, size: int, dim: int) -> list[int]:
 def _sections(node: NodeT, d: int, sizes: Sequence[int]) -> tuple[NodeT, ...]:
     batch = node._meta[1]
     roots = [torch.Size((*batch[:d], s, *batch[d + 1 :])) for s in sizes]
-    shared = roots[0] if roots and roots.count(roots[0]) == len(roots) else roots
-    return _rebuild_many(node, methodcaller("split_with_sizes", sizes, d), len(roots), shared)
+    return _rebuild_many(node, methodcaller("split_with_sizes", sizes, d), roots)
 
 
 @tag_rule
