@@ -96,12 +96,15 @@ def _set_path(node: NodeT, path: tuple[str, ...], full: tuple[str, ...], value: 
         new, device = settle_device(new, device)
     if head in old:  # a replaced entry: the keys, and so the node's key tuple, are the same
         return with_meta(type(node), new, (order, batch_size, device, NO_TAGS))
-    if order and head < order[-1]:
-        # A new key before the last one went in last: moving the keys after it behind it, in their
-        # (sorted) order, restores canonical order without sorting and rebuilding the whole dict.
-        for k in order[insertion_point(order, head) :]:
-            new[k] = new.pop(k)
-    return make(type(node), new, batch_size, device)
+    # The new key tuple is spliced from the old one (two slices cost less than reading the dict's keys).
+    if not order or head > order[-1]:
+        return with_meta(type(node), new, (order + (head,), batch_size, device, NO_TAGS))
+    # A new key before the last one went in last: moving the keys after it behind it, in their (sorted)
+    # order, restores canonical order without sorting and rebuilding the whole dict.
+    i = insertion_point(order, head)
+    for k in order[i:]:
+        new[k] = new.pop(k)
+    return with_meta(type(node), new, (order[:i] + (head,) + order[i:], batch_size, device, NO_TAGS))
 
 
 def _chain(
