@@ -93,9 +93,12 @@ def test_from_module_without_buffers_gives_empty_buffer_node() -> None:
 def test_from_module_equals_the_validating_constructor_devices_included() -> None:
     m = nn.ModuleDict({"host": nn.Linear(2, 3), "lazy": nn.Linear(2, 3, device="meta"), "act": nn.ReLU()})
     m.register_buffer("step", torch.zeros((), dtype=torch.int64))
+    m["both"] = nn.Linear(2, 3)  # leaves of one module on two devices
+    m["both"].register_buffer("scale", torch.ones(3, device="meta"))
     p = from_module(m)
     expected = tt.TensorDict(
         {
+            "both": dict(m["both"].named_parameters()) | {"scale": m["both"].scale},
             "host": dict(m["host"].named_parameters()),
             "lazy": tt.TensorDict(dict(m["lazy"].named_parameters()), []),
             "step": m.step,
@@ -103,9 +106,10 @@ def test_from_module_equals_the_validating_constructor_devices_included() -> Non
         [],
     )
     assert p.device is None and p["host"].device == torch.device("cpu") and p["lazy"].device == torch.device("meta")
+    assert p["both"].device is None and expected["both"].device is None
     assert tt.tree.structure(p) == tt.tree.structure(expected)
     assert all(a is b for a, b in zip(tt.tree.leaves(p), tt.tree.leaves(expected)))
-    assert list(p.keys()) == ["host", "lazy", "step"]
+    assert list(p.keys()) == ["both", "host", "lazy", "step"]
 
 
 def test_from_module_tied_weights_once_per_path_same_storage() -> None:

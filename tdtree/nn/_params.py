@@ -16,6 +16,7 @@ from torch.compiler import is_compiling
 
 from .._base import Node, make
 from .._node import TensorDict
+from .._validate import CPU
 
 __all__ = ["from_module", "functional_call"]
 
@@ -47,11 +48,17 @@ def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | Non
                 data[k] = b
     device: torch.device | None = None
     first = True
+    cpu = False  # every leaf so far on the cpu: told by is_cpu, which costs less than reading a device
     for v in data.values():
-        if first:
-            device, first = v.device, False
+        if cpu:
+            if not v.is_cpu:
+                device, cpu = None, False  # and None from here on: no later device equals it
+        elif first:
+            first = False
+            cpu = v.is_cpu
+            device = CPU if cpu else v.device
         elif v.device != device:
-            device = None  # and None from here on: no later device equals it
+            device = None
     for name, sub in module._modules.items():
         if sub is not None:
             child = _collect(sub, params, buffers)
