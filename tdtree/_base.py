@@ -9,20 +9,22 @@ are for results of operations, whose inputs were validated when they entered;
 call (the results of ``unbind``, or of equal ``split`` sections, at one level
 of the tree);
 ``chain``, ``along`` and ``rebuilt`` build the nodes on one key's path (a new
-path, a selected path, a path with one entry replaced) in one call; ``fill``
-writes the slots of a node the constructor made.
+path, a selected path, a path with one entry replaced) in one call;
+``from_levels`` builds a tree of nodes from plain dicts in one call (what
+``unflatten_keys`` makes); ``fill`` writes the slots of a node the constructor
+made.
 
-The seven result factories build untagged nodes of the root type, whatever
+The eight result factories build untagged nodes of the root type, whatever
 type or metadata they are given (DESIGN 3.1): a node made from leaves has no
 inputs whose storages it could compare, so an operation that forgets the tag
 rule loses tags instead of keeping false ones. ``make_tagged`` is the one
 factory that writes tags; only :func:`tdtree._tags.retag` calls it.
 
-These nine are the only code that writes slots. Eager code writes them through
+These ten are the only code that writes slots. Eager code writes them through
 the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
-``__set__``, so each of the nine has a traced twin, registered with
+``__set__``, so each of the ten has a traced twin, registered with
 ``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 
@@ -62,6 +64,7 @@ __all__ = [
     "chain",
     "along",
     "rebuilt",
+    "from_levels",
     "sorted_data",
     "insertion_point",
 ]
@@ -345,6 +348,46 @@ def _rebuilt_traced(levels: list[Node], path: tuple[str, ...], child: Any) -> An
         meta = level._meta
         child = _traced(object.__new__(type(level)._root), data, _untagged(meta) if meta[3] else meta)
     return child
+
+
+def from_levels(cls: type[Node], levels: list[tuple[Any, ...]]) -> Any:
+    """Untagged nodes of ``cls``'s root type from plain dicts, one per level of ``levels``: each
+    ``(data, parent, name, batch_size, device)``, listed after the level whose dict ``parent`` holds it
+    under ``name``; the first, the top, has none. Built bottom up, each put in its parent's dict in place
+    of its own (the dicts are the caller's, made for this), its keys put in canonical order; returns
+    the top's node. What unflattening keys makes, in one call (a factory call per level costs about
+    what the level's own writes do)."""
+    root = cls._root
+    node = None
+    for data, parent, name, batch_size, device in levels[::-1]:
+        keys = tuple(data)
+        # A level made from dotted keys holds them in the order of the joined keys, which differs from
+        # its own only where a key has a character that sorts before the separator. Two keys (each
+        # level of a deep key) are compared as they are: a sort costs several times that.
+        if len(keys) == 2:
+            if keys[1] < keys[0]:
+                keys = (keys[1], keys[0])
+                data = {k: data[k] for k in keys}
+        elif len(keys) > 2 and keys != (order := tuple(sorted(keys))):
+            data, keys = {k: data[k] for k in order}, order
+        node = _new(root)
+        _set_data(node, data)
+        _set_meta(node, (keys, batch_size, device, NO_TAGS))
+        if parent is not None:
+            parent[name] = node
+    return node
+
+
+@substitute_in_graph(from_levels)
+def _from_levels_traced(cls: type[Node], levels: list[tuple[Any, ...]]) -> Any:
+    root = cls._root
+    node = None
+    for data, parent, name, batch_size, device in levels[::-1]:
+        data = sorted_data(data)
+        node = _traced(object.__new__(root), data, (tuple(data), batch_size, device, NO_TAGS))
+        if parent is not None:
+            parent[name] = node
+    return node
 
 
 def insertion_point(order: tuple[str, ...], key: str) -> int:
