@@ -21,6 +21,7 @@ __all__ = [
     "get",
     "contains",
     "walk",
+    "walk_keys",
     "keys",
     "values",
     "items",
@@ -124,6 +125,27 @@ def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[Nest
     return out
 
 
+def walk_keys(node: Node, include_nested: bool, leaves_only: bool) -> list[NestedKey]:
+    """The keys of :func:`walk` alone, in its order: no (key, value) pair is built to be taken apart."""
+    out: list[NestedKey] = []
+    _visit_keys(node, (), include_nested, leaves_only, out)
+    return out
+
+
+def _visit_keys(level: Node, prefix: tuple[str, ...], nested: bool, leaves: bool, out: list[NestedKey]) -> None:
+    # A module function, not a closure: a closure calling itself holds itself through its cell, a
+    # cycle that only the garbage collector frees, so every walk left one behind for it.
+    for k, v in level._data.items():
+        path = prefix + (k,)
+        if isinstance(v, Node):
+            if not leaves:
+                out.append(path if prefix else k)
+            if nested:
+                _visit_keys(v, path, nested, leaves, out)
+        else:
+            out.append(path if prefix else k)
+
+
 class NestedKeysView(KeysView):
     """The keys of a node as a set-like view; membership is a lookup, not a walk."""
 
@@ -135,7 +157,7 @@ class NestedKeysView(KeysView):
 
     def _list(self) -> list[NestedKey]:
         if self._keys is None:
-            self._keys = [k for k, _ in walk(self._node, self._nested, self._leaves)]
+            self._keys = walk_keys(self._node, self._nested, self._leaves)
         return self._keys
 
     def __contains__(self, key: object) -> bool:
