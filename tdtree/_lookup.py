@@ -107,22 +107,24 @@ def contains(node: Node, key: object) -> bool:
 def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[NestedKey, Any]]:
     """(key, value) pairs depth first in canonical order, a sub-node's key before its children's."""
     out: list[tuple[NestedKey, Any]] = []
-
-    def visit(level: Node, prefix: tuple[str, ...]) -> None:
-        for k, v in level._data.items():
-            # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
-            # its str, spelled where it is appended (a local holding it cost more)
-            path = prefix + (k,)
-            if isinstance(v, Node):
-                if not leaves_only:
-                    out.append((path if prefix else k, v))
-                if include_nested:
-                    visit(v, path)
-            else:
-                out.append((path if prefix else k, v))
-
-    visit(node, ())
+    _visit(node, (), include_nested, leaves_only, out)
     return out
+
+
+def _visit(level: Node, prefix: tuple[str, ...], nested: bool, leaves: bool, out: list[tuple[NestedKey, Any]]) -> None:
+    # A module function, not a closure: a closure calling itself holds itself through its cell, a
+    # cycle that only the garbage collector frees, so every walk would leave one behind for it.
+    for k, v in level._data.items():
+        # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
+        # its str, spelled where it is appended (a local holding it cost more)
+        path = prefix + (k,)
+        if isinstance(v, Node):
+            if not leaves:
+                out.append((path if prefix else k, v))
+            if nested:
+                _visit(v, path, nested, leaves, out)
+        else:
+            out.append((path if prefix else k, v))
 
 
 def walk_keys(node: Node, include_nested: bool, leaves_only: bool) -> list[NestedKey]:
@@ -133,8 +135,7 @@ def walk_keys(node: Node, include_nested: bool, leaves_only: bool) -> list[Neste
 
 
 def _visit_keys(level: Node, prefix: tuple[str, ...], nested: bool, leaves: bool, out: list[NestedKey]) -> None:
-    # A module function, not a closure: a closure calling itself holds itself through its cell, a
-    # cycle that only the garbage collector frees, so every walk left one behind for it.
+    # as _visit, appending keys alone
     for k, v in level._data.items():
         path = prefix + (k,)
         if isinstance(v, Node):
