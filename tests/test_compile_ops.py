@@ -129,6 +129,7 @@ def test_traced_node_factories_build_what_the_eager_ones_build():
     # compiled code runs the twins in place of the factories: a drift between the two would make
     # compiled results differ from eager ones
     from tdtree import _base
+    from tdtree._pytree import variant
 
     td = nested()
     data, meta = td._data, td._meta
@@ -176,6 +177,18 @@ def test_traced_node_factories_build_what_the_eager_ones_build():
     assert _same_node(grown, grown_traced)
     assert list(grown.keys(True)) == ["y", ("y", "b"), ("y", "x"), ("y", "x", "c"), ("y", "x", "p"), ("y", "x", "q")]
     assert grown["y"]._meta[0] == ("b", "x") and grown["y", "x"].batch_size == (4, 2)
+    # a tree whose sub-node already carries the tags asked for (kept as it is) under one that does not
+    sub = td.lock()
+    locked = _base.with_meta(TensorDict, {"n": sub, "x": leaf}, (("n", "x"), meta[1], meta[2], frozenset()))
+    cls, tags = type(sub), sub.tags
+    for tree, want in [(locked, tags), (locked.lock(), frozenset())]:
+        to = cls if want else TensorDict
+        eager, traced = _base.retagged(tree, to, want, variant), _base._retagged_traced(tree, to, want, variant)
+        assert _same_node(eager, traced) and eager.tags == want and eager["n"].tags == want
+        assert eager["x"] is leaf and eager["n", "sub", "c"] is td["sub", "c"]
+    assert _base.retagged(locked.lock(), cls, tags, variant) is None
+    assert _base._retagged_traced(locked.lock(), cls, tags, variant) is None
+    assert _base.retagged(locked, cls, tags, variant)["n"] is sub
     chained, along, replaced = (eager for eager, _ in pairs[3:])
     assert list(chained._data) == ["p"] and chained["p", "q"] is leaf and chained["p"].batch_size == meta[1]
     assert list(along.keys(True)) == ["sub", ("sub", "c")] and along["sub", "c"] is leaf
