@@ -9,20 +9,24 @@ are for results of operations, whose inputs were validated when they entered;
 call (the results of ``unbind``, or of equal ``split`` sections, at one level
 of the tree);
 ``chain``, ``along`` and ``rebuilt`` build the nodes on one key's path (a new
-path, a selected path, a path with one entry replaced) in one call; ``fill``
-writes the slots of a node the constructor made.
+path, a selected path, a path with one entry replaced) in one call;
+``from_levels`` builds a tree of nodes from plain dicts in one call (what
+``unflatten_keys`` makes); ``fill`` writes the slots of a node the constructor
+made.
 
-The seven result factories build untagged nodes of the root type, whatever
+The eight result factories build untagged nodes of the root type, whatever
 type or metadata they are given (DESIGN 3.1): a node made from leaves has no
 inputs whose storages it could compare, so an operation that forgets the tag
-rule loses tags instead of keeping false ones. ``make_tagged`` is the one
-factory that writes tags; only :func:`tdtree._tags.retag` calls it.
+rule loses tags instead of keeping false ones. Two factories write tags:
+``retagged``, a whole tree, which only :func:`tdtree._tags.retag` calls, and
+``make_tagged``, one node, which no operation calls (the tests build trees of
+mixed tags with it, which no operation makes).
 
-These nine are the only code that writes slots. Eager code writes them through
+These eleven are the only code that writes slots. Eager code writes them through
 the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
-``__set__``, so each of the nine has a traced twin, registered with
+``__set__``, so each of the eleven has a traced twin, registered with
 ``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 
@@ -36,7 +40,7 @@ from __future__ import annotations
 import functools
 import types
 from bisect import bisect_right as _bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -58,10 +62,12 @@ __all__ = [
     "with_meta",
     "alike",
     "make_tagged",
+    "retagged",
     "fill",
     "chain",
     "along",
     "rebuilt",
+    "from_levels",
     "sorted_data",
     "insertion_point",
 ]
@@ -166,6 +172,7 @@ def layout(holder: Any) -> Layout:
 
 
 _new = object.__new__
+_Tensor = torch.Tensor
 # the slot descriptors themselves (``Node._data`` reads the descriptor too, but is typed as the slot's value)
 _set_data = vars(Node)["_data"].__set__
 _set_meta = vars(Node)["_meta"].__set__
@@ -251,7 +258,8 @@ def _alike_traced(cls: type[Node], datas: Iterable[dict[str, Any]], meta: tuple)
 def make_tagged(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
     """A node of the tagged type ``cls`` from ``data`` and ``meta``, whose tags are ``cls._tags``.
 
-    The one factory that writes tags: only :func:`tdtree._tags.retag` calls it.
+    Its sub-nodes are kept as given, whatever their tags: no operation calls it (``retag`` calls
+    :func:`retagged`); the tests build trees of mixed tags with it.
     """
     node = _new(cls)
     _set_data(node, data)
@@ -262,6 +270,66 @@ def make_tagged(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
 @substitute_in_graph(make_tagged)
 def _make_tagged_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> Any:
     return _traced(object.__new__(cls), data, meta)
+
+
+def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any]) -> Any:
+    """``node`` with every node of its tree carrying exactly ``tags``, or None when every one already
+    does. A node is rebuilt only when it or a node below it changes; leaves and unchanged sub-trees are
+    shared. ``cls`` is the type of ``node``'s root type with ``tags`` (the root type itself for none)
+    and ``tags`` its ``_tags`` (``NO_TAGS`` for none); ``variant(root, tags)`` gives the type for a
+    node of another root type.
+
+    The tree factory that writes tags: only :func:`tdtree._tags.retag` calls it. One call for the
+    whole tree, where a factory call per node cost about what the node's own writes do.
+    """
+    data = node._data
+    new = None
+    for k, v in data.items():
+        if type(v) is _Tensor or not isinstance(v, Node):
+            continue
+        out = retagged(v, cls, tags, variant)
+        if out is not None:
+            if new is None:  # the first changed sub-node: copy the entries once
+                new = data.copy()
+            new[k] = out
+    if new is None:
+        if type(node)._tags == tags:
+            return None
+        # a node's entries never change once built, so an unchanged dict is shared, as a shallow clone shares it
+        new = data
+    keys, batch_size, device, _ = node._meta
+    kind, own = cls, tags
+    if type(node)._root is not cls._root:
+        kind = variant(type(node)._root, tags)
+        own = kind._tags if tags else tags  # a tagged type's own tags, as cls's are
+    out = _new(kind)
+    _set_data(out, new)
+    _set_meta(out, (keys, batch_size, device, own))
+    return out
+
+
+@substitute_in_graph(retagged)
+def _retagged_traced(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any]) -> Any:
+    data = node._data
+    new = None
+    for k, v in data.items():
+        if type(v) is _Tensor or not isinstance(v, Node):
+            continue
+        out = _retagged_traced(v, cls, tags, variant)
+        if out is not None:
+            if new is None:
+                new = data.copy()
+            new[k] = out
+    if new is None:
+        if type(node)._tags == tags:
+            return None
+        new = data
+    keys, batch_size, device, _ = node._meta
+    kind, own = cls, tags
+    if type(node)._root is not cls._root:
+        kind = variant(type(node)._root, tags)
+        own = kind._tags if tags else tags
+    return _traced(object.__new__(kind), new, (keys, batch_size, device, own))
 
 
 def fill(node: Node, data: dict[str, Any], meta: tuple) -> None:
@@ -345,6 +413,46 @@ def _rebuilt_traced(levels: list[Node], path: tuple[str, ...], child: Any) -> An
         meta = level._meta
         child = _traced(object.__new__(type(level)._root), data, _untagged(meta) if meta[3] else meta)
     return child
+
+
+def from_levels(cls: type[Node], levels: list[tuple[Any, ...]]) -> Any:
+    """Untagged nodes of ``cls``'s root type from plain dicts, one per level of ``levels``: each
+    ``(data, parent, name, batch_size, device)``, listed after the level whose dict ``parent`` holds it
+    under ``name``; the first, the top, has none. Built bottom up, each put in its parent's dict in place
+    of its own (the dicts are the caller's, made for this), its keys put in canonical order; returns
+    the top's node. What unflattening keys makes, in one call (a factory call per level costs about
+    what the level's own writes do)."""
+    root = cls._root
+    node = None
+    for data, parent, name, batch_size, device in levels[::-1]:
+        keys = tuple(data)
+        # A level made from dotted keys holds them in the order of the joined keys, which differs from
+        # its own only where a key has a character that sorts before the separator. Two keys (each
+        # level of a deep key) are compared as they are: a sort costs several times that.
+        if len(keys) == 2:
+            if keys[1] < keys[0]:
+                keys = (keys[1], keys[0])
+                data = {k: data[k] for k in keys}
+        elif len(keys) > 2 and keys != (order := tuple(sorted(keys))):
+            data, keys = {k: data[k] for k in order}, order
+        node = _new(root)
+        _set_data(node, data)
+        _set_meta(node, (keys, batch_size, device, NO_TAGS))
+        if parent is not None:
+            parent[name] = node
+    return node
+
+
+@substitute_in_graph(from_levels)
+def _from_levels_traced(cls: type[Node], levels: list[tuple[Any, ...]]) -> Any:
+    root = cls._root
+    node = None
+    for data, parent, name, batch_size, device in levels[::-1]:
+        data = sorted_data(data)
+        node = _traced(object.__new__(root), data, (tuple(data), batch_size, device, NO_TAGS))
+        if parent is not None:
+            parent[name] = node
+    return node
 
 
 def insertion_point(order: tuple[str, ...], key: str) -> int:

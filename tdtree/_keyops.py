@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._base import NO_TAGS, Node, NodeT, chain, insertion_point, make, rebuilt, sorted_data, with_meta
+from ._base import NO_TAGS, Node, NodeT, chain, from_levels, insertion_point, make, rebuilt, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
 from ._lookup import MISSING, get, path_nodes, walk, without
 from ._tags import Locked, retag, tag_rule
@@ -349,33 +349,50 @@ def _unflatten(node: NodeT, sep: str) -> NodeT:
     _, batch_size, device, _ = node._meta
     # The levels are plain dicts until the end. Each is found by its joined prefix in one lookup (a walk
     # part by part costs a lookup per part), and takes its parent's batch size and device; one opened
-    # from a sub-node the node holds keeps that sub-node's (``opened``, by the dict's id: the dicts live
-    # until the end, so the ids stay theirs; ``sizes`` by prefix, for the levels at or below one).
+    # from a sub-node the node holds keeps that sub-node's (``sizes``, by prefix, holds the pair for
+    # the levels at or below one). ``made`` lists every level after the level holding it, for the
+    # factory that turns them into nodes bottom up.
     top: dict[str, Any] = {}
     levels: dict[str, dict[str, Any]] = {}
-    opened: dict[int, tuple[torch.Size, torch.device | None]] = {}
-    sizes: dict[str, torch.Size] = {}
+    made: list[tuple[Any, ...]] = [(top, None, "", batch_size, device)]
+    sizes: dict[str, tuple[torch.Size, torch.device | None]] = {}
 
     def level_of(prefix: str, key: str) -> dict[str, Any]:
-        """The level at ``prefix``, made (with the levels above it) when missing."""
-        head, cut, name = prefix.rpartition(sep)
-        parent = levels.get(head) if cut else top
-        if parent is None:
-            parent = level_of(head, key)
-        nxt = parent.get(name)
-        if nxt is None:
-            nxt = parent[name] = {}
-            if sizes and cut and head in sizes:
-                sizes[prefix] = sizes[head]
-        elif isinstance(nxt, Node):
-            _, size, dev, _ = nxt._meta
-            nxt = parent[name] = nxt._data.copy()
-            opened[id(nxt)] = (size, dev)
-            sizes[prefix] = size
-        else:
-            raise KeyCollisionError(f"unflatten_keys: {prefix!r} is a leaf and {key!r} needs it to be a node")
-        levels[prefix] = nxt
-        return nxt
+        """The level at ``prefix``, made (with the missing levels above it) when missing."""
+        # up to the nearest level there (the top when none is), then down making the missing ones: a
+        # loop, where a call per level cost more than the level's own work
+        missing = []
+        parent, above = top, None
+        while True:
+            head, cut, name = prefix.rpartition(sep)
+            missing.append((prefix, name))
+            if not cut:
+                break
+            found = levels.get(head)
+            if found is not None:
+                parent, above = found, head
+                break
+            prefix = head
+        for prefix, name in missing[::-1]:
+            nxt = parent.get(name)
+            if nxt is None:
+                nxt = parent[name] = {}
+                inherited = sizes.get(above) if sizes and above is not None else None
+                if inherited is None:
+                    made.append((nxt, parent, name, batch_size, device))
+                else:
+                    sizes[prefix] = inherited
+                    made.append((nxt, parent, name, *inherited))
+            elif isinstance(nxt, Node):
+                _, size, dev, _ = nxt._meta
+                nxt = parent[name] = nxt._data.copy()
+                sizes[prefix] = (size, dev)
+                made.append((nxt, parent, name, size, dev))
+            else:
+                raise KeyCollisionError(f"unflatten_keys: {prefix!r} is a leaf and {key!r} needs it to be a node")
+            levels[prefix] = parent = nxt
+            above = prefix
+        return parent
 
     for k, v in node._data.items():
         if isinstance(v, Node):
@@ -385,12 +402,12 @@ def _unflatten(node: NodeT, sep: str) -> NodeT:
             level = levels.get(prefix)
             if level is None:
                 level = level_of(prefix, k)
-            size = sizes.get(prefix) if sizes else None
+            known = sizes.get(prefix) if sizes else None
             # only a sub-node that existed before, with extra batch dims, can refuse a leaf
-            if size is not None and isinstance(v, torch.Tensor) and v.shape[: len(size)] != size:
+            if known is not None and isinstance(v, torch.Tensor) and v.shape[: len(known[0])] != known[0]:
                 raise BatchSizeError(
                     f"unflatten_keys: {k!r} has shape {tuple(v.shape)}, which does not start with "
-                    f"the batch_size {tuple(size)} of {prefix!r}"
+                    f"the batch_size {tuple(known[0])} of {prefix!r}"
                 )
         else:
             level, last = top, k
@@ -404,17 +421,7 @@ def _unflatten(node: NodeT, sep: str) -> NodeT:
                 existing[sub_key] = sub_value
         else:
             raise KeyCollisionError(f"unflatten_keys: {k!r} is a leaf and other keys need it to be a node")
-    cls = type(node)
-
-    def finish(data: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> NodeT:
-        for k, v in data.items():
-            if type(v) is dict:  # a level (the values a node holds are tensors and nodes)
-                size, dev = opened.get(id(v), (batch_size, device)) if opened else (batch_size, device)
-                data[k] = finish(v, size, dev)  # a value replaced, no key added: the walk goes on
-        # one key is in order (a deep key makes one level per part)
-        return make(cls, sorted_data(data) if len(data) > 1 else data, batch_size, device)
-
-    return finish(top, batch_size, device)
+    return from_levels(type(node), made)
 
 
 @tag_rule

@@ -21,6 +21,7 @@ __all__ = [
     "get",
     "contains",
     "walk",
+    "walk_keys",
     "keys",
     "values",
     "items",
@@ -106,22 +107,44 @@ def contains(node: Node, key: object) -> bool:
 def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[NestedKey, Any]]:
     """(key, value) pairs depth first in canonical order, a sub-node's key before its children's."""
     out: list[tuple[NestedKey, Any]] = []
-
-    def visit(level: Node, prefix: tuple[str, ...]) -> None:
-        for k, v in level._data.items():
-            # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
-            # its str, spelled where it is appended (a local holding it cost more)
-            path = prefix + (k,)
-            if isinstance(v, Node):
-                if not leaves_only:
-                    out.append((path if prefix else k, v))
-                if include_nested:
-                    visit(v, path)
-            else:
-                out.append((path if prefix else k, v))
-
-    visit(node, ())
+    _visit(node, (), include_nested, leaves_only, out)
     return out
+
+
+def _visit(level: Node, prefix: tuple[str, ...], nested: bool, leaves: bool, out: list[tuple[NestedKey, Any]]) -> None:
+    # A module function, not a closure: a closure calling itself holds itself through its cell, a
+    # cycle that only the garbage collector frees, so every walk would leave one behind for it.
+    for k, v in level._data.items():
+        # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
+        # its str, spelled where it is appended (a local holding it cost more)
+        path = prefix + (k,)
+        if isinstance(v, Node):
+            if not leaves:
+                out.append((path if prefix else k, v))
+            if nested:
+                _visit(v, path, nested, leaves, out)
+        else:
+            out.append((path if prefix else k, v))
+
+
+def walk_keys(node: Node, include_nested: bool, leaves_only: bool) -> list[NestedKey]:
+    """The keys of :func:`walk` alone, in its order: no (key, value) pair is built to be taken apart."""
+    out: list[NestedKey] = []
+    _visit_keys(node, (), include_nested, leaves_only, out)
+    return out
+
+
+def _visit_keys(level: Node, prefix: tuple[str, ...], nested: bool, leaves: bool, out: list[NestedKey]) -> None:
+    # as _visit, appending keys alone
+    for k, v in level._data.items():
+        path = prefix + (k,)
+        if isinstance(v, Node):
+            if not leaves:
+                out.append(path if prefix else k)
+            if nested:
+                _visit_keys(v, path, nested, leaves, out)
+        else:
+            out.append(path if prefix else k)
 
 
 class NestedKeysView(KeysView):
@@ -135,7 +158,7 @@ class NestedKeysView(KeysView):
 
     def _list(self) -> list[NestedKey]:
         if self._keys is None:
-            self._keys = [k for k, _ in walk(self._node, self._nested, self._leaves)]
+            self._keys = walk_keys(self._node, self._nested, self._leaves)
         return self._keys
 
     def __contains__(self, key: object) -> bool:

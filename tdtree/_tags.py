@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import optree
 import torch
 
-from ._base import NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, make_tagged, with_meta
+from ._base import NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, retagged
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
@@ -54,40 +54,14 @@ def retag(node: Any, tags: frozenset) -> Any:
     """``node`` with every sub-node carrying exactly ``tags`` (leaves reused, node returned when it already does)."""
     if not isinstance(node, Node):
         return node
-    out = _retag(node, tags, {})
-    return node if out is None else out
-
-
-def _retag(node: Node, tags: frozenset, types: dict[type, Any]) -> Node | None:
-    """``node`` rebuilt carrying ``tags``, or None when every node of it carries them already.
-
-    One pass bottom up that rebuilds only the nodes (a leaf is passed over at one
-    type test); a sub-tree already carrying ``tags`` everywhere is kept as it is.
-    ``types`` holds the tagged type of each root type met, looked up once per call.
-    """
-    data = node._data
-    new = None
-    for k, v in data.items():
-        if type(v) is _Tensor or not isinstance(v, Node):
-            continue
-        out = _retag(v, tags, types)
-        if out is not None:
-            if new is None:  # the first changed sub-node: copy the entries once
-                new = data.copy()
-            new[k] = out
-    if new is None:
-        if type(node)._tags == tags:
-            return None
-        # a node's entries never change once built, so an unchanged dict is shared, as a shallow clone shares it
-        new = data
     root = type(node)._root
-    keys, batch_size, device, _ = node._meta
-    if not tags:
-        return with_meta(root, new, (keys, batch_size, device, NO_TAGS))
-    cls = types.get(root)  # a tagged type, whose _tags mypy cannot see on a plain type
-    if cls is None:
-        cls = types[root] = variant(root, tags)
-    return make_tagged(cls, new, (keys, batch_size, device, cls._tags))
+    if tags:
+        cls = variant(root, tags)  # a tagged type, whose _tags mypy cannot see on a plain type
+        tags = cls._tags
+    else:
+        cls, tags = root, NO_TAGS
+    out = retagged(node, cls, tags, variant)
+    return node if out is None else out
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:

@@ -55,6 +55,7 @@ CASES: dict[str, tuple[Callable[[TensorDict], Any], Callable[[], TensorDict]]] =
     "with_meta-clone": (lambda td: td.clone(recurse=False).set("e", td["a"] * 2), nested),
     "alike": (lambda td: td.unbind(0)[2] * 2, nested),
     "with_meta-split": (lambda td: td.split([1, 3], 0)[1] * 2, nested),
+    "from_levels": (lambda td: td.flatten_keys().unflatten_keys() * 2, nested),
 }
 
 
@@ -128,6 +129,7 @@ def test_traced_node_factories_build_what_the_eager_ones_build():
     # compiled code runs the twins in place of the factories: a drift between the two would make
     # compiled results differ from eager ones
     from tdtree import _base
+    from tdtree._pytree import variant
 
     td = nested()
     data, meta = td._data, td._meta
@@ -158,6 +160,35 @@ def test_traced_node_factories_build_what_the_eager_ones_build():
     for eager, traced, entries in zip(many, many_traced, datas):
         assert type(eager) is type(traced) is TensorDict
         assert eager._data is traced._data is entries and eager._meta == traced._meta == meta
+
+    def levels() -> list[tuple[Any, ...]]:
+        # as unflatten_keys hands them over: dicts of its own, which the factory fills with the nodes;
+        # here a level of two keys and a wider one, both out of order
+        top: dict[str, Any] = {}
+        two = top["y"] = {"x": None, "b": td["a"]}
+        wide = two["x"] = {"q": leaf, "c": doubled, "p": leaf}
+        return [
+            (top, None, "", meta[1], meta[2]),
+            (two, top, "y", meta[1], meta[2]),
+            (wide, two, "x", torch.Size([4, 2]), None),
+        ]
+
+    grown, grown_traced = _base.from_levels(TensorDict, levels()), _base._from_levels_traced(TensorDict, levels())
+    assert _same_node(grown, grown_traced)
+    assert list(grown.keys(True)) == ["y", ("y", "b"), ("y", "x"), ("y", "x", "c"), ("y", "x", "p"), ("y", "x", "q")]
+    assert grown["y"]._meta[0] == ("b", "x") and grown["y", "x"].batch_size == (4, 2)
+    # a tree whose sub-node already carries the tags asked for (kept as it is) under one that does not
+    sub = td.lock()
+    locked = _base.with_meta(TensorDict, {"n": sub, "x": leaf}, (("n", "x"), meta[1], meta[2], frozenset()))
+    cls, tags = type(sub), sub.tags
+    for tree, want in [(locked, tags), (locked.lock(), frozenset())]:
+        to = cls if want else TensorDict
+        eager, traced = _base.retagged(tree, to, want, variant), _base._retagged_traced(tree, to, want, variant)
+        assert _same_node(eager, traced) and eager.tags == want and eager["n"].tags == want
+        assert eager["x"] is leaf and eager["n", "sub", "c"] is td["sub", "c"]
+    assert _base.retagged(locked.lock(), cls, tags, variant) is None
+    assert _base._retagged_traced(locked.lock(), cls, tags, variant) is None
+    assert _base.retagged(locked, cls, tags, variant)["n"] is sub
     chained, along, replaced = (eager for eager, _ in pairs[3:])
     assert list(chained._data) == ["p"] and chained["p", "q"] is leaf and chained["p"].batch_size == meta[1]
     assert list(along.keys(True)) == ["sub", ("sub", "c")] and along["sub", "c"] is leaf

@@ -19,7 +19,8 @@ from _tagsets import tag_sets
 
 import tdtree as tt
 import tdtree.optim as optim
-from tdtree._base import alike, from_meta, make, make_tagged, with_meta
+from tdtree._base import alike, from_meta, make, make_tagged, retagged, with_meta
+from tdtree._pytree import variant
 from tdtree._tags import tagged_type
 from tdtree.errors import LockedError
 
@@ -57,7 +58,11 @@ def test_result_factories_build_untagged_nodes_of_the_root_type() -> None:
         *alike(cls, [data, data], meta),
     ):
         assert type(node) is tt.TensorDict and node.tags == frozenset() and node._meta[:3] == meta[:3]
-    tagged = make_tagged(cls, data, meta)  # the one factory that writes tags (retag's)
+    # the two that write tags: a whole tree (retag's) and one node
+    plain = with_meta(cls, data, meta)
+    tree = retagged(plain, cls, sh.tags, variant)
+    assert type(tree) is type(tree["n"]) is cls and tree.tags == tree["n"].tags == sh.tags
+    tagged = make_tagged(cls, data, meta)
     assert type(tagged) is cls and tagged.tags == sh.tags
 
 
