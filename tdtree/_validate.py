@@ -206,7 +206,7 @@ def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: tor
             return build(type(value)._root, value._data, value._meta[1], device, path)
         return retag(value, frozenset())
     if type(value) is dict or isinstance(value, Mapping):  # a dict is told apart without the ABC check
-        return build(root, nest(value), batch_size, device, path)
+        return build(root, nest(value, False), batch_size, device, path)  # build only reads it
     raise TypeError(
         f"entry {display(path)!r} is a {type(value).__name__}; entries are tensors, nodes or dicts "
         "(wrap numbers with torch.as_tensor)"
@@ -292,11 +292,14 @@ def _checked(
         # The common case (a tensor that fits, on the device) is checked inline; entry() handles the rest
         # and the errors.
         if isinstance(v, _Tensor) and (not n or batch_size <= v.shape < hi):
-            if v.is_cpu if found is CPU else (d := v.device) == found:
-                checked[k] = v
-                continue
-            if found is None:  # the first leaf, no device given
-                found = CPU if d == CPU else d
+            if found is CPU:
+                here = v.is_cpu
+            elif found is None:  # the first leaf, no device given: its device is the node's
+                found = CPU if v.is_cpu else v.device
+                here = True
+            else:
+                here = v.device == found
+            if here:
                 checked[k] = v
                 continue
             if device is None:  # leaves on different devices: settle_device decides

@@ -94,6 +94,11 @@ def test_device_inference_and_explicit_device() -> None:
     assert td["a"].device == torch.device("cpu")
     meta = tt.TensorDict({"a": torch.zeros(2), "b": torch.zeros(2, device="meta")}, [2])
     assert meta.device is None
+    # the first leaf (in key order) sets the device the others are compared with, whichever it is
+    assert tt.TensorDict({"a": torch.zeros(2, device="meta"), "b": torch.zeros(2)}, [2]).device is None
+    on_meta = tt.TensorDict({"a": torch.zeros(2, device="meta"), "b": torch.zeros(2, device="meta")}, [2])
+    assert on_meta.device == torch.device("meta")
+    assert tt.TensorDict({"b": torch.zeros(2), "a": torch.zeros(2)}, [2]).device == torch.device("cpu")
 
 
 def test_device_given_moves_leaves() -> None:
