@@ -316,23 +316,30 @@ def flatten_keys(node: NodeT, sep: str = ".") -> NodeT:
         KeyCollisionError: two keys join to the same name (both named).
     """
     out: dict[str, Any] = {}
-
-    # Names grow by the prefix of their level (a join of the whole key per leaf costs its depth); the
-    # keys behind a clash are found again only for the error.
-    def visit(level: Node, prefix: str) -> None:
-        for k, v in level._data.items():
-            if isinstance(v, Node) and v._data:  # told inline, as _expands tells it
-                visit(v, prefix + k + sep)
-                continue
-            name = prefix + k
-            if name in out:
-                clash = [key for key, x in walk(node, True, False) if _joined(key, sep) == name and not _expands(x)]
-                raise KeyCollisionError(f"flatten_keys: {clash[-1]!r} and {clash[0]!r} both become {name!r}")
-            out[name] = v
-
-    visit(node, "")
+    name = _flat_into(node, "", sep, out)
+    if name is not None:  # the keys behind a clash are found again only for the error
+        clash = [key for key, x in walk(node, True, False) if _joined(key, sep) == name and not _expands(x)]
+        raise KeyCollisionError(f"flatten_keys: {clash[-1]!r} and {clash[0]!r} both become {name!r}")
     _, batch_size, device, _ = node._meta
     return make(type(node), sorted_data(out), batch_size, device)
+
+
+def _flat_into(level: Node, prefix: str, sep: str, out: dict[str, Any]) -> str | None:
+    """Put the entries below ``level`` into ``out`` under their joined names; the first name two
+    entries join to, else None. Names grow by the prefix of their level (a join of the whole key per
+    leaf costs its depth). A module function, not a closure: a closure calling itself holds itself
+    through its cell, a cycle only the garbage collector frees."""
+    for k, v in level._data.items():
+        if isinstance(v, Node) and v._data:  # told inline, as _expands tells it
+            clash = _flat_into(v, prefix + k + sep, sep, out)
+            if clash is not None:
+                return clash
+            continue
+        name = prefix + k
+        if name in out:
+            return name
+        out[name] = v
+    return None
 
 
 def _expands(value: Any) -> bool:

@@ -335,37 +335,45 @@ def _rebuild_many(
     ``leaf_fn`` (an ``operator.methodcaller``: a C call, where a lambda would add a frame per leaf,
     that still calls a tensor subclass's own method) returns one tensor per result.
     """
-    n = len(node._meta[1])
-    count = len(root_batches)
     # results of one batch size (unbind's, equal sections') share one metadata tuple per level, and
     # one factory call makes them
-    same = root_batches[0] if count and root_batches.count(root_batches[0]) == count else None
+    same = root_batches[0] if root_batches and root_batches.count(root_batches[0]) == len(root_batches) else None
+    return tuple(_rebuild_level(node, leaf_fn, root_batches, same, len(node._meta[1])))
 
-    def visit(x: Node) -> list[Any]:
-        keys, batch_size, device, _ = x._meta
-        data = x._data
-        # each result's entries start as a copy of x's (same keys, same order), each then overwritten:
-        # cheaper than building a dict per result from its keys and values
-        datas = [data.copy() for _ in range(count)]
-        for k, v in data.items():
-            # leaves inline (a call per leaf less); a counter, not zip(datas, parts): one iterator less per entry
-            i = 0
-            for part in visit(v) if isinstance(v, Node) else leaf_fn(v):
-                datas[i][k] = part
-                i += 1
-        # the results differ from x only in batch size: x's keys and device make their metadata; a
-        # sub-node's extra batch dims follow the root's new ones
-        if same is not None:
-            size = same if len(batch_size) == n else torch.Size((*same, *batch_size[n:]))
-            return alike(type(x), datas, (keys, size, device, NO_TAGS))
-        sizes = root_batches
-        if len(batch_size) != n:
-            extra = batch_size[n:]
-            sizes = [torch.Size((*root, *extra)) for root in root_batches]
-        cls = type(x)
-        return [with_meta(cls, out, (keys, size, device, NO_TAGS)) for out, size in zip(datas, sizes)]
 
-    return tuple(visit(node))
+def _rebuild_level(
+    x: Node,
+    leaf_fn: Callable[[torch.Tensor], Sequence[torch.Tensor]],
+    root_batches: list[torch.Size],
+    same: torch.Size | None,
+    n: int,
+) -> list[Any]:
+    """:func:`_rebuild_many`'s results at the level of ``x`` (``same``: the one batch size of them all,
+    else None; ``n``: the root's batch dims). A module function, not a closure: a closure calling itself
+    holds itself through its cell, a cycle only the garbage collector frees."""
+    keys, batch_size, device, _ = x._meta
+    data = x._data
+    count = len(root_batches)
+    # each result's entries start as a copy of x's (same keys, same order), each then overwritten:
+    # cheaper than building a dict per result from its keys and values
+    datas = [data.copy() for _ in range(count)]
+    for k, v in data.items():
+        # leaves inline (a call per leaf less); a counter, not zip(datas, parts): one iterator less per entry
+        i = 0
+        for part in _rebuild_level(v, leaf_fn, root_batches, same, n) if isinstance(v, Node) else leaf_fn(v):
+            datas[i][k] = part
+            i += 1
+    # the results differ from x only in batch size: x's keys and device make their metadata; a
+    # sub-node's extra batch dims follow the root's new ones
+    if same is not None:
+        size = same if len(batch_size) == n else torch.Size((*same, *batch_size[n:]))
+        return alike(type(x), datas, (keys, size, device, NO_TAGS))
+    sizes = root_batches
+    if len(batch_size) != n:
+        extra = batch_size[n:]
+        sizes = [torch.Size((*root, *extra)) for root in root_batches]
+    cls = type(x)
+    return [with_meta(cls, out, (keys, size, device, NO_TAGS)) for out, size in zip(datas, sizes)]
 
 
 @tag_rule
