@@ -84,8 +84,8 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
             mask whose shape does not match the batch dims it covers.
         TypeError: a key mixed with an index, or an unsupported index type.
     """
-    # the common indices (None, ..., an int, a positive slice, a tuple of them, one index tensor or
-    # list, a mask over the leading dims) skip the general normalization
+    # the common indices (None, ..., an int, a positive slice, one index tensor or list, a tuple of
+    # them but lists, a mask over the leading dims) skip the general normalization
     if index is None:
         return (None,), torch.Size((1, *batch))
     if index is Ellipsis:
@@ -173,40 +173,65 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
 
 
 def _plain(batch: torch.Size, index: tuple) -> tuple[tuple[Any, ...], torch.Size] | None:
-    """The leaf index and result batch size for a tuple of in-range ints, positive slices, None and
-    one ``...``; None for anything else (the general path, which also raises the errors)."""
+    """The leaf index and result batch size for a tuple of in-range ints, positive slices, None, one
+    ``...`` and index tensors (not masks); None for anything else (the general path, which also raises
+    the errors)."""
     n = len(batch)
-    taken = 0  # the batch dims the ints and slices take
-    ellipsis = -1
-    for pos, item in enumerate(index):
-        if type(item) is int or type(item) is slice:
-            taken += 1
-        elif item is Ellipsis and ellipsis < 0:
-            ellipsis = pos
-        elif item is not None:
-            return None
-    if taken > n:
-        return None
-    leaf = index
-    if ellipsis >= 0:
-        # slices for the dims ``...`` spans: a leaf's own ``...`` would reach its feature dims
-        leaf = (*index[:ellipsis], *(slice(None),) * (n - taken), *index[ellipsis + 1 :])
-    kept = []
+    kept: list[int] = []  # the result's dims other than the index tensors' own
+    at: list[int] = []  # for each index tensor, where in ``kept`` its dims would go
+    shapes: list[torch.Size] = []
     dim = 0
-    for item in leaf:
+    for item in index:
         if item is None:
             kept.append(1)
             continue
+        if item is Ellipsis:
+            return _spread(batch, index)
+        if dim == n:
+            return None
         size = batch[dim]
         if type(item) is int:
             if not -size <= item < size:
                 return None
-        elif item.step is None or item.step > 0:
+        elif type(item) is slice:
+            if item.step is not None and item.step <= 0:
+                return None
             kept.append(len(range(*item.indices(size))))
+        elif isinstance(item, torch.Tensor) and item.dtype not in _MASKS:
+            if item.dim():  # a 0-dim index tensor selects as an int does: no dim, no part in where they go
+                at.append(len(kept))
+                shapes.append(item.shape)
         else:
             return None
         dim += 1
-    return leaf, torch.Size((*kept, *batch[dim:]))
+    if dim < n:
+        kept.extend(batch[dim:])
+    if at:
+        # adjacent index tensors put their broadcast dims where they stand, separated ones lead
+        where = at[0] if at[0] == at[-1] else 0
+        kept[where:where] = _broadcast_shapes(shapes)
+    return index, torch.Size(kept)
+
+
+def _spread(batch: torch.Size, index: tuple) -> tuple[tuple[Any, ...], torch.Size] | None:
+    """:func:`_plain` of ``index`` with its ``...`` replaced by the slices of the batch dims it spans (a
+    leaf's own ``...`` would reach its feature dims); None for a second ``...``."""
+    pos = -1
+    taken = 0  # every item but None takes a batch dim, or is one _plain refuses
+    for i, item in enumerate(index):
+        if item is Ellipsis:
+            if pos >= 0:
+                return None
+            pos = i
+        elif item is not None:
+            taken += 1
+    if taken > len(batch):
+        return None
+    return _plain(batch, (*index[:pos], *(slice(None),) * (len(batch) - taken), *index[pos + 1 :]))
+
+
+# torch reads a bool tensor index as a mask (uint8 too, deprecated): the general path takes them
+_MASKS = (torch.bool, torch.uint8)
 
 
 def _broadcast_shapes(shapes: list[torch.Size]) -> tuple[int, ...]:
