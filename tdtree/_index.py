@@ -18,13 +18,13 @@ from typing import Any, Generic
 
 import torch
 
-from ._base import Node, NodeT
-from ._inplace import broadcasts, check_number, checked, each_writable, read_first, same_device, targets_writable
+from ._base import Node, NodeT, with_meta
+from ._inplace import broadcasts, check_number, checked, each_writable, read_first, targets_writable
 from ._keyops import check_unlocked_tree
 from ._keys import as_path
 from ._lookup import walk
 from ._maps import flat, rebuild, unflat
-from ._tags import tag_rule
+from ._tags import Locked, tag_rule
 from .errors import BatchDimError, KeyMismatchError, WriteError, WriteIndexError, WriteShapeError, WriteTypeError
 
 __all__ = ["normalize", "getitem", "scatter", "scatter_", "At", "AtIndex"]
@@ -84,8 +84,8 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
             mask whose shape does not match the batch dims it covers.
         TypeError: a key mixed with an index, or an unsupported index type.
     """
-    # the common indices (None, ..., an int, a positive slice, a tuple of them, one index tensor or
-    # list, a mask over the leading dims) skip the general normalization
+    # the common indices (None, ..., an int, a positive slice, one index tensor or list, a tuple of
+    # them but lists, a mask over the leading dims) skip the general normalization
     if index is None:
         return (None,), torch.Size((1, *batch))
     if index is Ellipsis:
@@ -173,40 +173,65 @@ def normalize(batch: torch.Size, index: Any) -> tuple[tuple[Any, ...], torch.Siz
 
 
 def _plain(batch: torch.Size, index: tuple) -> tuple[tuple[Any, ...], torch.Size] | None:
-    """The leaf index and result batch size for a tuple of in-range ints, positive slices, None and
-    one ``...``; None for anything else (the general path, which also raises the errors)."""
+    """The leaf index and result batch size for a tuple of in-range ints, positive slices, None, one
+    ``...`` and index tensors (not masks); None for anything else (the general path, which also raises
+    the errors)."""
     n = len(batch)
-    taken = 0  # the batch dims the ints and slices take
-    ellipsis = -1
-    for pos, item in enumerate(index):
-        if type(item) is int or type(item) is slice:
-            taken += 1
-        elif item is Ellipsis and ellipsis < 0:
-            ellipsis = pos
-        elif item is not None:
-            return None
-    if taken > n:
-        return None
-    leaf = index
-    if ellipsis >= 0:
-        # slices for the dims ``...`` spans: a leaf's own ``...`` would reach its feature dims
-        leaf = (*index[:ellipsis], *(slice(None),) * (n - taken), *index[ellipsis + 1 :])
-    kept = []
+    kept: list[int] = []  # the result's dims other than the index tensors' own
+    at: list[int] = []  # for each index tensor, where in ``kept`` its dims would go
+    shapes: list[torch.Size] = []
     dim = 0
-    for item in leaf:
+    for item in index:
         if item is None:
             kept.append(1)
             continue
+        if item is Ellipsis:
+            return _spread(batch, index)
+        if dim == n:
+            return None
         size = batch[dim]
         if type(item) is int:
             if not -size <= item < size:
                 return None
-        elif item.step is None or item.step > 0:
+        elif type(item) is slice:
+            if item.step is not None and item.step <= 0:
+                return None
             kept.append(len(range(*item.indices(size))))
+        elif isinstance(item, torch.Tensor) and item.dtype not in _MASKS:
+            if item.dim():  # a 0-dim index tensor selects as an int does: no dim, no part in where they go
+                at.append(len(kept))
+                shapes.append(item.shape)
         else:
             return None
         dim += 1
-    return leaf, torch.Size((*kept, *batch[dim:]))
+    if dim < n:
+        kept.extend(batch[dim:])
+    if at:
+        # adjacent index tensors put their broadcast dims where they stand, separated ones lead
+        where = at[0] if at[0] == at[-1] else 0
+        kept[where:where] = _broadcast_shapes(shapes)
+    return index, torch.Size(kept)
+
+
+def _spread(batch: torch.Size, index: tuple) -> tuple[tuple[Any, ...], torch.Size] | None:
+    """:func:`_plain` of ``index`` with its ``...`` replaced by the slices of the batch dims it spans (a
+    leaf's own ``...`` would reach its feature dims); None for a second ``...``."""
+    pos = -1
+    taken = 0  # every item but None takes a batch dim, or is one _plain refuses
+    for i, item in enumerate(index):
+        if item is Ellipsis:
+            if pos >= 0:
+                return None
+            pos = i
+        elif item is not None:
+            taken += 1
+    if taken > len(batch):
+        return None
+    return _plain(batch, (*index[:pos], *(slice(None),) * (len(batch) - taken), *index[pos + 1 :]))
+
+
+# torch reads a bool tensor index as a mask (uint8 too, deprecated): the general path takes them
+_MASKS = (torch.bool, torch.uint8)
 
 
 def _broadcast_shapes(shapes: list[torch.Size]) -> tuple[int, ...]:
@@ -405,6 +430,9 @@ def _put(leaf: torch.Tensor, index: tuple[Any, ...], value: Any) -> torch.Tensor
     return out
 
 
+_SET = "at[...].set"
+
+
 @tag_rule
 def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     """A new node equal to ``node`` with ``value`` written at ``index`` of the batch dims; the input is untouched.
@@ -413,40 +441,68 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     number or tensor (aligned with the batch dims) for every leaf. Refused on a
     Locked node. Leaves are new storage, so tags are dropped.
     """
-    check_unlocked_tree(node, "at[...].set")
     if isinstance(value, Node):
-        leaf_index, new = normalize(node._meta[1], index)
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        if value._meta[1] == new and _fits(node, value, new, len(node._meta[1]), same_device(node, value), pairs):
-            return unflat(node, [_put(leaf, leaf_index, v) for leaf, v in pairs])
-    leaves, spec, leaf_index, values = _pairs(node, index, value, "at[...].set", inplace=False)
+        out = _scatter_node(node, index, value)
+        if out is not None:
+            return out
+    # the checked path, from the start: it raises what the one pass declined, in this order, or writes
+    # the values it left to it (of other dtypes, or broadcast)
+    check_unlocked_tree(node, _SET)
+    if isinstance(value, Node):
+        normalize(node._meta[1], index)  # a node value's index error, as normalize raises it
+    leaves, spec, leaf_index, values = _pairs(node, index, value, _SET, inplace=False)
     return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
 
 
-def _fits(
-    node: Node, value: Node, new: torch.Size, n: int, same_device: bool, pairs: list[tuple[torch.Tensor, torch.Tensor]]
-) -> bool:
-    """Whether ``value`` is what the one-pass scatter takes as it is: ``node``'s keys and nesting, each
-    value a tensor of its leaf's dtype and exact shape (``new`` then the leaf's feature dims) on its
-    device; each (leaf, value) is appended to ``pairs`` in leaf order. Nothing is written until every
-    value fits: any other value goes through the checked path, which checks every value before torch
-    writes."""
-    if node._meta[0] != value._meta[0]:
-        return False
-    for leaf, v in zip(node._data.values(), value._data.values()):
+def _scatter_node(node: Node, index: Any, value: Node) -> Any:
+    """:func:`scatter` of a node value in one pass, when the index is valid, no node is Locked and every
+    value fits its leaf as it is (see :func:`_written`); None for anything else."""
+    try:
+        leaf_index, new = normalize(node._meta[1], index)
+    except Exception:  # raised by the checked path, after its Locked test (which comes first)
+        return None
+    if value._meta[1] != new:
+        return None
+    device = node._meta[2]  # a node's device, when set, is every leaf's: equal ones spare the per-leaf test
+    same = device is not None and device == value._meta[2]
+    one = leaf_index[0] if len(leaf_index) == 1 else leaf_index
+    return _written(node, value, one, new, len(node._meta[1]), same)
+
+
+def _written(node: Node, value: Node, index: Any, new: torch.Size, n: int, same_device: bool) -> Any:
+    """``node`` with the leaves of ``value`` written at the leaf index ``index`` into copies of its own;
+    None at the first Locked node, or value that is not a tensor of its leaf's dtype and exact shape
+    (``new`` then the leaf's dims after the ``n`` batch dims) on its device, or write torch refuses
+    (an index tensor out of range, a sparse leaf, a batched value under vmap). The copies made before
+    are dropped: the checked path then finds the refusal that comes first, as it does every check
+    before its first write."""
+    tags = node._meta[3]
+    if (tags and Locked in tags) or node._meta[0] != value._meta[0]:
+        return None
+    data = {}
+    for (k, leaf), v in zip(node._data.items(), value._data.values()):
         if isinstance(leaf, Node):
-            if not (isinstance(v, Node) and _fits(leaf, v, new, n, same_device, pairs)):
-                return False
+            if not isinstance(v, Node):
+                return None
+            sub = _written(leaf, v, index, new, n, same_device)
+            if sub is None:
+                return None
+            data[k] = sub
         elif (
             isinstance(v, torch.Tensor)
             and v.dtype == leaf.dtype
-            and v.shape == torch.Size((*new, *leaf.shape[n:]))
+            and v.shape == new + leaf.shape[n:]
             and (same_device or v.device == leaf.device)
         ):
-            pairs.append((leaf, v))
+            out = leaf.clone()
+            try:
+                out[index] = v
+            except Exception:  # (also the dtypes torch has no index_put kernel for, which _write takes)
+                return None
+            data[k] = out
         else:
-            return False
-    return True
+            return None
+    return with_meta(type(node), data, node._meta)
 
 
 def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:

@@ -49,7 +49,9 @@ def check_unlocked(node: Node, op: str, path: tuple[str, ...] = ()) -> None:
 
 def check_unlocked_tree(node: Node, op: str, path: tuple[str, ...] = ()) -> None:
     """:func:`check_unlocked` for ``node`` and every sub-node of it (an editor that rebuilds them all)."""
-    check_unlocked(node, op, path)
+    tags = node._meta[3]
+    if tags and Locked in tags:  # told inline: a call per sub-node costs more than the test
+        raise LockedError(op, display(path) if path else None)
     for k, v in node._data.items():
         if isinstance(v, Node):
             check_unlocked_tree(v, op, (*path, k))

@@ -61,7 +61,10 @@ def _refill(spec: Node, it: Iterator[Any]) -> Node:
 
 
 def _refill_batch(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n: int) -> Node:
-    data = {k: _refill_batch(v, leaf_fn, root, n) if isinstance(v, Node) else leaf_fn(v) for k, v in spec._data.items()}
+    # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
+    data = {}
+    for k, v in spec._data.items():
+        data[k] = _refill_batch(v, leaf_fn, root, n) if isinstance(v, Node) else leaf_fn(v)
     keys, batch_size, device, _ = spec._meta
     if len(batch_size) != n:  # a sub-node's extra batch dims follow the root's new ones
         root = torch.Size((*root, *batch_size[n:]))
