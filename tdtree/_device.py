@@ -38,7 +38,9 @@ def _parse(args: tuple[Any, ...], device: Any, dtype: Any) -> tuple[torch.device
 
 
 def _moved(node: NodeT, device: torch.device, leaf_fn: Any) -> NodeT:
-    data = {k: _moved(v, device, leaf_fn) if isinstance(v, Node) else leaf_fn(v) for k, v in node._data.items()}
+    data = {}  # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
+    for k, v in node._data.items():
+        data[k] = _moved(v, device, leaf_fn) if isinstance(v, Node) else leaf_fn(v)
     return make(type(node), data, node._meta[1], device)
 
 

@@ -56,7 +56,9 @@ def flat(node: Node) -> tuple[list[Any], Node]:
 
 
 def _refill(spec: Node, it: Iterator[Any]) -> Node:
-    data = {k: _refill(v, it) if isinstance(v, Node) else next(it) for k, v in spec._data.items()}
+    data = {}  # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
+    for k, v in spec._data.items():
+        data[k] = _refill(v, it) if isinstance(v, Node) else next(it)
     return with_meta(type(spec), data, spec._meta)
 
 
@@ -85,7 +87,9 @@ def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = No
 
 
 def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
-    data = {k: _mapped(fn, v) if isinstance(v, Node) else fn(v) for k, v in spec._data.items()}
+    data = {}  # a loop, as in _refill
+    for k, v in spec._data.items():
+        data[k] = _mapped(fn, v) if isinstance(v, Node) else fn(v)
     return with_meta(type(spec), data, spec._meta)
 
 
