@@ -22,7 +22,7 @@ from ._base import Node, NodeT, with_meta
 from ._inplace import broadcasts, check_number, checked, each_writable, read_first, targets_writable
 from ._keyops import check_unlocked_tree
 from ._keys import as_path
-from ._lookup import walk
+from ._lookup import walk, walk_keys
 from ._maps import flat, rebuild, unflat
 from ._tags import Locked, tag_rule
 from .errors import BatchDimError, KeyMismatchError, WriteError, WriteIndexError, WriteShapeError, WriteTypeError
@@ -309,7 +309,7 @@ def _pairs(
         if _same_keys(node, value):
             values = flat(value)[0]
         else:  # same leaf keys can still differ in empty sub-nodes, which hold nothing to write
-            paths = [k for k, _ in walk(node, True, True)]
+            paths = walk_keys(node, True, True)
             given = dict(walk(value, True, True))
             if list(given) != paths:
                 raise KeyMismatchError(op, paths, given)

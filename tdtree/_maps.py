@@ -10,7 +10,7 @@ import torch
 
 from ._base import NO_TAGS, Node, NodeT, with_meta
 from ._keys import display
-from ._lookup import walk
+from ._lookup import walk_keys
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
 from ._validate import as_batch_size
@@ -134,11 +134,11 @@ def check_same_keys(what: str, a: Node, b: Node, skip: int | None = None) -> Non
         return
     if found != "keys":
         raise BatchSizeError(f"{what}: {found}; nodes combined by key need fitting batch sizes")
-    left = {k for k, _ in walk(a, True, True)}
-    right = {k for k, _ in walk(b, True, True)}
+    left = set(walk_keys(a, True, True))
+    right = set(walk_keys(b, True, True))
     if left == right:
-        left = {k for k, _ in walk(a, True, False)}
-        right = {k for k, _ in walk(b, True, False)}
+        left = set(walk_keys(a, True, False))
+        right = set(walk_keys(b, True, False))
     raise KeyMismatchError(what, left, right)
 
 
@@ -211,7 +211,7 @@ def _results(what: str, fn: Callable[..., Any], node: Node, others: tuple[Node, 
     values, spec = flat(node)
     columns = [paired_leaves(what, node, other) for other in others]
     if named:
-        keys = [k for k, _ in walk(node, True, True)]
+        keys = walk_keys(node, True, True)
         return spec, [fn(*row) for row in zip(keys, values, *columns)]
     if columns:
         return spec, [fn(*row) for row in zip(values, *columns)]
