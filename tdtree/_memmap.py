@@ -136,22 +136,23 @@ def describe(node: Node, cpu: bool) -> tuple[dict[str, Any], list[tuple[tuple[st
     leaves will live in host memory.
     """
     leaves: list[tuple[tuple[str, ...], torch.Tensor]] = []
+    return _described(node, (), cpu, leaves), leaves
 
-    def visit(x: Node, path: tuple[str, ...]) -> dict[str, Any]:
-        entries: list[list[Any]] = []
-        for key, value in x._data.items():
-            if isinstance(value, Node):
-                entries.append([key, visit(value, (*path, key))])
-            else:
-                entries.append(
-                    [key, {"leaf": len(leaves), "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}]
-                )
-                leaves.append(((*path, key), value))
-        _, batch_size, device, _ = x._meta
-        shown = None if device is None else ("cpu" if cpu else str(device))
-        return {"batch_size": list(batch_size), "device": shown, "entries": entries}
 
-    return visit(node, ()), leaves
+def _described(
+    x: Node, path: tuple[str, ...], cpu: bool, leaves: list[tuple[tuple[str, ...], torch.Tensor]]
+) -> dict[str, Any]:
+    # a module function, not a closure: a closure calling itself is a cycle only the garbage collector frees
+    entries: list[list[Any]] = []
+    for key, value in x._data.items():
+        if isinstance(value, Node):
+            entries.append([key, _described(value, (*path, key), cpu, leaves)])
+        else:
+            entries.append([key, {"leaf": len(leaves), "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}])
+            leaves.append(((*path, key), value))
+    _, batch_size, device, _ = x._meta
+    shown = None if device is None else ("cpu" if cpu else str(device))
+    return {"batch_size": list(batch_size), "device": shown, "entries": entries}
 
 
 def _sizes(value: object) -> list[int] | None:

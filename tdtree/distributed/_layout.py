@@ -75,17 +75,18 @@ class Layout:
 
 def _describe(node: Node) -> tuple[tuple[Any, ...], ...]:
     out: list[tuple[Any, ...]] = []
-
-    def visit(level: Node, prefix: tuple[str, ...]) -> None:
-        out.append(("node", list(prefix), list(level._meta[1])))
-        for k, v in level._data.items():
-            if isinstance(v, Node):
-                visit(v, (*prefix, k))
-            else:
-                out.append(("leaf", [*prefix, k], list(v.shape), str(v.dtype).removeprefix("torch.")))
-
-    visit(node, ())
+    _describe_into(node, (), out)
     return tuple(out)
+
+
+def _describe_into(level: Node, prefix: tuple[str, ...], out: list[tuple[Any, ...]]) -> None:
+    # a module function, not a closure: a closure calling itself is a cycle only the garbage collector frees
+    out.append(("node", list(prefix), list(level._meta[1])))
+    for k, v in level._data.items():
+        if isinstance(v, Node):
+            _describe_into(v, (*prefix, k), out)
+        else:
+            out.append(("leaf", [*prefix, k], list(v.shape), str(v.dtype).removeprefix("torch.")))
 
 
 def _fingerprint(description: tuple[tuple[Any, ...], ...]) -> int:
