@@ -356,7 +356,9 @@ def _rebuild_level(
     count = len(root_batches)
     # each result's entries start as a copy of x's (same keys, same order), each then overwritten:
     # cheaper than building a dict per result from its keys and values
-    datas = [data.copy() for _ in range(count)]
+    datas = []  # a loop, not a list comprehension: the comprehension is a call of its own (before Python 3.12)
+    for _ in range(count):
+        datas.append(data.copy())
     for k, v in data.items():
         # leaves inline (a call per leaf less); a counter, not zip(datas, parts): one iterator less per entry
         i = 0
@@ -397,7 +399,8 @@ def unbind(node: NodeT, dim: int = 0) -> tuple[NodeT, ...]:
     """
     d = batch_dim(node, dim, "unbind")
     batch = node._meta[1]
-    rest = torch.Size((*batch[:d], *batch[d + 1 :]))
+    # Size slices are Sizes; the first dim, the common one, is one slice
+    rest = batch[1:] if d == 0 else batch[:d] + batch[d + 1 :]
     return _rebuild_many(node, methodcaller("unbind", d), [rest] * batch[d])
 
 
