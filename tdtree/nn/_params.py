@@ -70,7 +70,10 @@ def _collect(module: nn.Module, params: bool, buffers: bool) -> TensorDict | Non
                     device = None
     if first:
         return None
-    return make(TensorDict, {k: data[k] for k in sorted(data)}, _NO_BATCH, device)
+    ordered = {}  # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
+    for k in sorted(data):
+        ordered[k] = data[k]
+    return make(TensorDict, ordered, _NO_BATCH, device)
 
 
 def _node(module: nn.Module, params: bool, buffers: bool) -> TensorDict:
