@@ -19,7 +19,7 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT, with_meta
-from ._inplace import broadcasts, check_number, checked, each_writable, read_first, targets_writable
+from ._inplace import broadcasts, check_number, checked, each_writable, read_first, same_device, targets_writable
 from ._keyops import check_unlocked_tree
 from ._keys import as_path
 from ._lookup import walk, walk_keys
@@ -463,10 +463,8 @@ def _scatter_node(node: Node, index: Any, value: Node) -> Any:
         return None
     if value._meta[1] != new:
         return None
-    device = node._meta[2]  # a node's device, when set, is every leaf's: equal ones spare the per-leaf test
-    same = device is not None and device == value._meta[2]
     one = leaf_index[0] if len(leaf_index) == 1 else leaf_index
-    return _written(node, value, one, new, len(node._meta[1]), same)
+    return _written(node, value, one, new, len(node._meta[1]), same_device(node, value))
 
 
 def _written(node: Node, value: Node, index: Any, new: torch.Size, n: int, same_device: bool) -> Any:
