@@ -3,6 +3,8 @@
 #   examples (doctests), the import floors (lint-imports, contract in pyproject.toml), ruff check and
 #   ruff format --check (settings in pyproject.toml) and mypy over the package and the typed
 #   tensorclass example.
+# make docs: the HTML reference (Sphinx: the docstrings, README.md, ARCHITECTURE.md) in docs/_build/html;
+#   make test builds it too, warnings (broken cross-references included) as errors.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
 #   (python -m bench.report prints them; python -m bench.compare REF compares with a git ref).
 # make bench-quick: a representative subset (cases marked quick), under 2 minutes.
@@ -10,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-quick clean
+.PHONY: demo test docs bench bench-quick clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,7 +21,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,6 +35,14 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
 	$(PY) -m mypy tdtree examples/typed_tensorclass.py
+	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
+
+# the source directory is the repository root (conf.py in docs/); -n: broken cross-references warn
+DOCS_OPTS := -b html -c docs -n -W --keep-going -q
+
+docs: $(STAMP)
+	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
+	@echo "docs/_build/html/index.html"
 
 # Keep in step with BENCH_ARGS in bench/compare.py.
 BENCH_OPTS := --benchmark-max-time=0.25 --benchmark-min-rounds=20 --benchmark-warmup=on \
@@ -48,4 +58,4 @@ bench-quick: $(STAMP)
 	$(PY) -m bench.report bench/results/quick.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info docs/_build docs/api
