@@ -6,7 +6,8 @@
 # make docs: the HTML reference (Sphinx: the docstrings, README.md, ARCHITECTURE.md) in docs/_build/html;
 #   make test builds it too, warnings (broken cross-references included) as errors.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
-#   (python -m bench.report prints them; python -m bench.compare REF compares with a git ref).
+#   (python -m bench.report prints their summary, --table every case, --plot FILE.svg a chart;
+#   python -m bench.compare REF compares with a git ref).
 # make bench-quick: a representative subset (cases marked quick), under 2 minutes.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -45,17 +46,19 @@ docs: $(STAMP)
 	@echo "docs/_build/html/index.html"
 
 # Keep in step with BENCH_ARGS in bench/compare.py.
+# pytest-benchmark's own tables are left out (its ops are 1 / mean): bench.report prints the summary,
+# and its table of every case with REPORT_OPTS=--table (--plot FILE.svg draws them).
 BENCH_OPTS := --benchmark-max-time=0.25 --benchmark-min-rounds=20 --benchmark-warmup=on \
-	--benchmark-warmup-iterations=100 --benchmark-disable-gc --benchmark-sort=name \
-	--benchmark-columns=median,iqr,ops,rounds
+	--benchmark-warmup-iterations=100 --benchmark-disable-gc --benchmark-quiet
+REPORT_OPTS ?=
 
 bench: $(STAMP)
 	$(PY) -m pytest -q bench $(BENCH_OPTS) --benchmark-json=bench/results/latest.json
-	$(PY) -m bench.report bench/results/latest.json
+	$(PY) -m bench.report bench/results/latest.json $(REPORT_OPTS)
 
 bench-quick: $(STAMP)
 	$(PY) -m pytest -q bench -m quick $(BENCH_OPTS) --benchmark-json=bench/results/quick.json
-	$(PY) -m bench.report bench/results/quick.json
+	$(PY) -m bench.report bench/results/quick.json $(REPORT_OPTS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info docs/_build docs/api
