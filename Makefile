@@ -38,8 +38,9 @@ test: $(STAMP)
 	$(PY) -m mypy tdtree examples/typed_tensorclass.py
 	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
 
-# the source directory is the repository root (conf.py in docs/); -n: broken cross-references warn
-DOCS_OPTS := -b html -c docs -n -W --keep-going -q
+# the source directory is the repository root (conf.py in docs/); -n: broken cross-references warn;
+# -E: every page read afresh, so a warning cannot hide in the cache of a failed build
+DOCS_OPTS := -b html -c docs -n -W --keep-going -q -E
 
 docs: $(STAMP)
 	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
