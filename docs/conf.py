@@ -21,6 +21,10 @@ templates_path = [str(ROOT / "docs" / "_templates")]  # absolute: autosummary re
 
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.napoleon", "myst_parser"]
 autosummary_generate = True
+# the module template documents the data a module re-exports (tdtree.Locked, tdtree.testing.ALL_DTYPES),
+# which automodule skips: autosummary lists them from __all__
+autosummary_imported_members = True
+autosummary_ignore_module_all = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 # members a class inherits from tdtree's private bases (a tensorclass's operations) are shown; those
@@ -69,6 +73,8 @@ _page: list[str] = [""]  # the module whose page autodoc is writing
 def _note_page(app, what, name, obj, options, lines):
     if what == "module":
         _page[0] = name
+    if what == "data" and obj.__doc__ == type(obj).__doc__:
+        lines[:] = []  # a constant shows its value, not its type's docstring (tuple's, Tag's)
 
 
 def _skip_alias(app, what, name, obj, skip, options):
