@@ -3,14 +3,17 @@
 #   examples (doctests), the import floors (lint-imports, contract in pyproject.toml), ruff check and
 #   ruff format --check (settings in pyproject.toml) and mypy over the package and the typed
 #   tensorclass example.
+# make docs: the HTML reference (Sphinx: the docstrings, README.md, ARCHITECTURE.md) in docs/_build/html;
+#   make test builds it too, warnings (broken cross-references included) as errors.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
-#   (python -m bench.report prints them; python -m bench.compare REF compares with a git ref).
+#   (python -m bench.report prints their summary, --table every case, --plot FILE.svg a chart;
+#   python -m bench.compare REF compares with a git ref).
 # make bench-quick: a representative subset (cases marked quick), under 2 minutes.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-quick clean
+.PHONY: demo test docs bench bench-quick clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,7 +22,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,19 +36,30 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
 	$(PY) -m mypy tdtree examples/typed_tensorclass.py
+	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
+
+# the source directory is the repository root (conf.py in docs/); -n: broken cross-references warn;
+# -E: every page read afresh, so a warning cannot hide in the cache of a failed build
+DOCS_OPTS := -b html -c docs -n -W --keep-going -q -E
+
+docs: $(STAMP)
+	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
+	@echo "docs/_build/html/index.html"
 
 # Keep in step with BENCH_ARGS in bench/compare.py.
+# pytest-benchmark's own tables are left out (its ops are 1 / mean): bench.report prints the summary,
+# and its table of every case with REPORT_OPTS=--table (--plot FILE.svg draws them).
 BENCH_OPTS := --benchmark-max-time=0.25 --benchmark-min-rounds=20 --benchmark-warmup=on \
-	--benchmark-warmup-iterations=100 --benchmark-disable-gc --benchmark-sort=name \
-	--benchmark-columns=median,iqr,ops,rounds
+	--benchmark-warmup-iterations=100 --benchmark-disable-gc --benchmark-quiet
+REPORT_OPTS ?=
 
 bench: $(STAMP)
 	$(PY) -m pytest -q bench $(BENCH_OPTS) --benchmark-json=bench/results/latest.json
-	$(PY) -m bench.report bench/results/latest.json
+	$(PY) -m bench.report bench/results/latest.json $(REPORT_OPTS)
 
 bench-quick: $(STAMP)
 	$(PY) -m pytest -q bench -m quick $(BENCH_OPTS) --benchmark-json=bench/results/quick.json
-	$(PY) -m bench.report bench/results/quick.json
+	$(PY) -m bench.report bench/results/quick.json $(REPORT_OPTS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info docs/_build docs/api

@@ -9,9 +9,10 @@ alternating base and working tree (A, B, A, B, ...: ``--runs`` each, default
 2) so that a drift of the machine's speed hits both sides alike.
 
 The table gives the working tree's max, mean and ops, the ops on BASE_REF,
-and the change in ops (positive: faster). Ops are 1 / the median time (the
-mean of the runs' medians), as in ``bench.report``. A change counts, and is shown in
-bold with "faster" or "slower", when both hold:
+and the change in ops (positive: faster). Ops are 1 / the median time
+(``bench.report.ops``, the one definition; a side's median is the mean of its
+runs' medians). A change counts, and is shown in bold with "faster" or
+"slower", when both hold:
 
 * it is over 5%, and
 * the two sides' interquartile ranges, each the union over its runs of
@@ -31,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .report import fmt_ops, fmt_time, geomean
+from .report import fmt_ops, fmt_time, geomean, ops
 
 # Keep in step with BENCH_OPTS in the Makefile.
 BENCH_ARGS = [
@@ -40,6 +41,7 @@ BENCH_ARGS = [
     "--benchmark-warmup=on",
     "--benchmark-warmup-iterations=100",
     "--benchmark-disable-gc",
+    "--benchmark-quiet",
 ]
 THRESHOLD = 0.05
 
@@ -71,7 +73,7 @@ def _side(runs: list[dict[str, dict[str, Any]]], case: str) -> dict[str, float] 
     return {
         "mean": sum(s["mean"] for s in stats) / len(stats),
         "max": max(s["max"] for s in stats),
-        "ops": 1.0 / median,
+        "ops": ops(median),
         "lo": min(s["q1"] for s in stats),
         "hi": max(s["q3"] for s in stats),
     }
@@ -96,7 +98,7 @@ def table(base_ref: str, heads: list[dict[str, dict[str, Any]]], bases: list[dic
         head, base = _side(heads, case), _side(bases, case)
         if head is None or base is None:
             row = [fmt_time(head["max"]) if head else "—", fmt_time(head["mean"]) if head else "—"]
-            row += [fmt_ops(head and head["ops"]), fmt_ops(base and base["ops"]), "—"]
+            row += [fmt_ops(head["ops"] if head else None), fmt_ops(base["ops"] if base else None), "—"]
         else:
             ratio = head["ops"] / base["ops"]
             ratios.append(ratio)

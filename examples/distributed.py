@@ -1,13 +1,13 @@
 """Nodes over torch.distributed: run with torchrun, on one machine or several.
 
-One machine, two processes:
+One machine, two processes (from a checkout, after `make demo`; elsewhere the torchrun of your environment):
 
-    torchrun --nproc-per-node 2 examples/distributed.py
+    .venv/bin/torchrun --nproc-per-node 2 examples/distributed.py
 
 Two machines (run on each; node 0's address is reachable from node 1):
 
-    torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 examples/distributed.py
-    torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 examples/distributed.py
+    .venv/bin/torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 examples/distributed.py
+    .venv/bin/torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29500 examples/distributed.py
 
 Each process makes a batch of "experience", the ranks average a node of parameters with
 ``all_reduce``, gather every rank's batch with ``all_gather``, and pass batches around a ring

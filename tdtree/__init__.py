@@ -45,6 +45,30 @@ from .interop import to_tensordict as to_tensordict
 
 __version__ = "0.1.0"
 
+# the public names: `from tdtree import *` and the API reference (docs/api.rst) take these
+__all__ = [
+    "TensorDict",
+    "TensorClass",
+    "tensorclass",
+    "NestedKey",
+    "Tag",
+    "Locked",
+    "Shared",
+    "Memmap",
+    "stack",
+    "cat",
+    "where",
+    "vmap",
+    "save",
+    "load",
+    "load_memmap",
+    "from_tensordict",
+    "to_tensordict",
+    "FieldError",
+    "LockedError",
+    "WriteError",
+]
+
 _SUBPACKAGES = ("distributed", "nn", "optim", "testing")
 
 

@@ -101,7 +101,7 @@ def cpu(node: NodeT) -> NodeT:
         node: the node (``self`` as a method).
 
     Returns:
-        ``node`` itself when its device is the CPU; else a node on the CPU (tags by the rule: kept
+        ``node`` itself when its device is the CPU; else a node on the CPU (tags by the rule, kept
         only when every leaf was there already).
     """
     return to(node, _CPU)

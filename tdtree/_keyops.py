@@ -159,7 +159,7 @@ def set_entry(node: NodeT, key: NestedKey, value: Any) -> NodeT:
 
 @tag_rule
 def set_path(node: NodeT, path: tuple[str, ...], value: Any) -> NodeT:
-    """:func:`set_entry` for a ``path`` already checked by ``as_path`` (a module's out key): the same
+    """:meth:`~tdtree.TensorDict.set` for a ``path`` already checked by ``as_path`` (a module's out key): the same
     node, tags and errors.
     """
     return _set_path(node, path, path, value, "set")
@@ -172,14 +172,14 @@ def setdefault(node: NodeT, key: NestedKey, default: Any) -> NodeT:
     Args:
         node: The node (``self`` as a method).
         key: A str or tuple of str.
-        default: The value to set when ``key`` is missing (as ``value`` in :func:`set_entry`).
+        default: The value to set when ``key`` is missing (as ``value`` in :meth:`~tdtree.TensorDict.set`).
 
     Returns:
-        The node itself (tags kept), or a new node as :func:`set_entry` returns it.
+        The node itself (tags kept), or a new node as :meth:`~tdtree.TensorDict.set` returns it.
 
     Raises:
         LockedError: the node is Locked (even when ``key`` exists).
-        BatchSizeError, KeyCollisionError, TypeError: as :func:`set_entry`.
+        BatchSizeError, KeyCollisionError, TypeError: as :meth:`~tdtree.TensorDict.set`.
     """
     check_unlocked(node, "setdefault")
     path = as_path(key)
@@ -226,7 +226,7 @@ def update(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
 
     Args:
         node: The node (``self`` as a method).
-        other: A node, or a mapping with str or tuple keys whose values :func:`set_entry` takes.
+        other: A node, or a mapping with str or tuple keys whose values :meth:`~tdtree.TensorDict.set` takes.
 
     Returns:
         A new node; entries ``other`` does not name are reused. Tags follow the rule, with the nodes
@@ -255,7 +255,7 @@ def rename(node: NodeT, mapping: Mapping[NestedKey, NestedKey]) -> NodeT:
         mapping: ``{old: new}`` of keys; the moves happen at once, so two keys can swap.
 
     Returns:
-        A new node holding the same leaves and sub-nodes; tags are kept (the rule: no data is made).
+        A new node holding the same leaves and sub-nodes; tags are kept (no data is made, so the rule keeps them).
 
     Raises:
         KeyNotFoundError: an ``old`` key names no entry.

@@ -181,7 +181,7 @@ def clone(node: NodeT, recurse: bool = True) -> NodeT:
             and sub-nodes.
 
     Returns:
-        The copy: with ``recurse``, tags dropped (new storage); without it, tags kept.
+        The copy. With ``recurse``, tags dropped (new storage); without it, tags kept.
 
     >>> import torch, tdtree as tt
     >>> td = tt.TensorDict({"x": torch.zeros(2)}).lock()

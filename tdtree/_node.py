@@ -374,7 +374,7 @@ class TensorDict(Node):
     any = _ops.any
 
     def pow(self, exponent: Any) -> TensorDict:
-        """``self ** exponent`` leaf by leaf: ``**`` with torch's argument name (see :func:`tdtree._ops.pow`).
+        """``self ** exponent`` leaf by leaf: ``**`` with torch's argument name (``tdtree._ops.pow``).
 
         Args:
             exponent: a number, a tensor aligned with the batch dims, or a node paired by key.
@@ -426,7 +426,7 @@ class TensorDict(Node):
 
     @property
     def at(self) -> _index.At[TensorDict]:
-        """Scatter by batch index: ``td.at[idx].set(v)``, ``td.at[idx].set_(v)``, ``td.at[idx].get()``.
+        """Scatter by batch index, as ``td.at[idx].set(v)``, ``td.at[idx].set_(v)``, ``td.at[idx].get()``.
 
         ``set`` returns a new node with ``v`` written at ``idx`` (tags dropped; refused when
         Locked); ``set_`` writes in place and returns ``td`` (tags kept); ``get`` is ``td[idx]``.

@@ -202,7 +202,7 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
             node's device; else leaves return to the devices they were saved from.
 
     Returns:
-        A new node (fresh storage: the leaves saved in the packed buffer are
+        A new node (fresh storage, the leaves saved in the packed buffer being
         disjoint views of one new storage) with the saved keys, values and batch sizes,
         tagged ``Locked`` when the saved node was. ``Shared`` and ``Memmap``
         are claims about storage that a loaded file does not make: call
@@ -216,7 +216,7 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
             anything but tensors and plain data (nothing in it is run or rebuilt),
             holds a compressed record or one larger than the file, is not a tdtree
             save file, its description does not match its tensors (shapes too large
-            included), or a leaf is not what save writes (see :func:`_refused_leaf`).
+            included), or a leaf is not what save writes (plain, strided, one storage each).
         FileNotFoundError: ``path`` does not exist.
     """
     path = os.fspath(path)

@@ -1,4 +1,4 @@
-"""Conversion to and from tensordict: :func:`from_tensordict` and :func:`to_tensordict`.
+"""Conversion to and from tensordict: ``from_tensordict`` and ``to_tensordict``.
 
 Both directions keep keys, nesting, batch sizes, the device and the very same
 tensor objects (nothing is copied). tensordict is optional: it is imported on

@@ -6,7 +6,7 @@ parameters and a new state; nothing is written in place. The arithmetic runs
 as ``torch._foreach_*`` over the flat leaf lists followed by one unflatten
 (measured 0.77x the time of a per-leaf ``tree.map`` on a 3-layer MLP), and it
 compiles with ``torch.compile(fullgraph=True)``. Inside a ``torch.func``
-transform the same arithmetic runs leaf by leaf (:func:`tdtree._foreach.foreach`),
+transform the same arithmetic runs leaf by leaf (``tdtree._foreach.foreach``),
 so a step runs inside ``vmap``: an ensemble trains with one step per member,
 and a step inside a vmap over samples may take unmapped parameters and state
 with mapped gradients. Like ``torch.optim``, a step

@@ -9,7 +9,7 @@ signatures and argument order are optree's. Two differences, both about tags:
   x: x + 1, sh)`` carries none), and they pair trees whose nodes differ only in
   tags, as binary node operations do.
 * ``unflatten`` has no inputs, so it builds untagged nodes, whatever tags the
-  structure was flattened with (DESIGN 3.1).
+  structure was flattened with (a node built from leaves alone claims nothing).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def unflatten(treespec: optree.PyTreeSpec, leaves: Any, /) -> Any:
 
     Returns:
         The tree. Its nodes are untagged, whatever tags ``treespec`` recorded: there are no
-        inputs to check a claim against (DESIGN 3.1).
+        inputs to check a claim against.
 
     Raises:
         ValueError: the number of leaves differs from ``treespec``'s (optree's error).

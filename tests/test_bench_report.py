@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,13 @@ def _stats(median: float, q1: float | None = None, q3: float | None = None) -> d
     }
 
 
-def _bench(case: str, impl: str, median: float) -> dict[str, Any]:
-    return {"name": f"{case}[{impl}]", "extra_info": {"case": case, "impl": impl}, "stats": _stats(median)}
+def _bench(case: str, impl: str, median: float, family: str = "ops") -> dict[str, Any]:
+    return {
+        "name": f"{case}[{impl}]",
+        "fullname": f"bench/test_{family}.py::{case}[{impl}]",
+        "extra_info": {"case": case, "impl": impl},
+        "stats": _stats(median),
+    }
 
 
 @pytest.fixture
@@ -40,11 +47,11 @@ def results(tmp_path: Path) -> Path:
         _bench("test_slow", "pytree", 1e-6 / 1.5),
         _bench("test_no_pytree", "tdtree", 1e-6),
         _bench("test_no_pytree", "tensordict", 2e-6),
-        _bench("test_select_nested", "tdtree", 3e-6),
-        _bench("test_select_nested", "tensordict", 10e-6),
-        _bench("test_select_nested", "pytree", 1e-6),
-        _bench("test_rename_nested", "tdtree", 1.5e-6),
-        _bench("test_rename_nested", "pytree", 1e-6),
+        _bench("test_select_nested", "tdtree", 3e-6, "common"),
+        _bench("test_select_nested", "tensordict", 10e-6, "common"),
+        _bench("test_select_nested", "pytree", 1e-6, "common"),
+        _bench("test_rename_nested", "tdtree", 1.5e-6, "common"),
+        _bench("test_rename_nested", "pytree", 1e-6, "common"),
     ]
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"benchmarks": rows}))
@@ -52,12 +59,14 @@ def results(tmp_path: Path) -> Path:
 
 
 def test_report_rows_and_summary(results: Path) -> None:
-    out = report.table(report.load(results))
-    lines = out.splitlines()
+    cases = report.load(results)
+    lines = report.table(cases).splitlines()
     assert lines[0] == "| Name | Max | Mean | Ops | Ops tensordict | Ops pytree | Speedup vs tensordict |"
+    assert len(lines) == 2 + len(cases)
     fast = next(line for line in lines if line.startswith("| `test_fast`"))
     assert fast.split("|")[4].strip() == "1 MOps/s" and fast.split("|")[7].strip() == "4.00x"
     assert next(line for line in lines if line.startswith("| `test_no_pytree`")).split("|")[6].strip() == "—"
+    out = report.summary(cases)
     assert "ahead of tensordict in 3 cases and behind in 1 (of 4 run on both" in out
     assert f"{math.exp((math.log(4) + math.log(0.5) + math.log(2) + math.log(10 / 3)) / 4):.2f}x" in out
     # fast (floor 4.8x tensordict) and select_nested (floor 10x) are held to 2x tensordict, slow (floor
@@ -75,7 +84,7 @@ def test_report_main_without_results(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_report_of_one_file_is_that_run(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main([str(results)]) == 0
-    assert capsys.readouterr().out == report.table(report.load(results)) + "\n"
+    assert capsys.readouterr().out == report.summary(report.load(results)) + "\n"
 
 
 def test_report_of_several_runs_keeps_each_rows_lowest_median(
@@ -99,7 +108,7 @@ def test_report_of_several_runs_keeps_each_rows_lowest_median(
     assert best["test_select_nested"]["tdtree"] == _stats(3e-6)
     assert report.main([str(results), str(other)]) == 0
     out = capsys.readouterr().out
-    assert out == report.table(best) + "\n"
+    assert out == report.summary(best) + "\n"
     # test_slow is now 2x tensordict, no longer behind; held to 1.2x its floor (under 2.2x tensordict),
     # it now beats the floor. test_fast still meets 2x tensordict, rename_nested still misses its goal.
     assert "ahead of tensordict in 4 cases and behind in 0 (of 4 run on both; 0 cases" in out
@@ -125,3 +134,102 @@ def test_compare_marks_only_changes_beyond_the_noise(head: Any, base: Any, mark:
     assert row.split("|")[6].strip() == mark
     beyond = "**" in mark
     assert f"{int(beyond and 'faster' in mark)} cases faster and {int(beyond and 'slower' in mark)} slower" in out
+
+
+def test_report_prints_the_summary_first_and_the_table_on_request(
+    results: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = report.load(results)
+    assert report.main([str(results), "--table"]) == 0
+    out = capsys.readouterr().out
+    assert out == report.summary(cases) + "\n\n" + report.table(cases) + "\n"
+    assert out.index("tdtree is ahead of tensordict") < out.index("| Name |")
+    assert report.main([str(results)]) == 0
+    assert "| Name |" not in capsys.readouterr().out
+
+
+def test_help_needs_no_results_and_no_matplotlib(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    code = (
+        "import sys\n"
+        "from bench import report\n"
+        "report.DEFAULT = report.Path(sys.argv[1])\n"
+        "try:\n"
+        "    report.main(['--help'])\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 0, exit.code\n"
+        "assert 'matplotlib' not in sys.modules\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "none.json")], cwd=root, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "--plot FILE" in proc.stdout and "--table" in proc.stdout and "usage: python -m bench.report" in proc.stdout
+
+
+def test_ops_is_one_over_the_median_in_report_and_compare(results: Path) -> None:
+    # a row whose mean is far from its median: both tables show 1 / median
+    stats = {**_stats(1e-6), "mean": 4e-6}
+    row = report.table({"test_a": {"tdtree": stats}}).splitlines()[2]
+    assert row.split("|")[4].strip() == report.fmt_ops(1e6) == "1 MOps/s"
+    head = compare.table("BASE", [{"test_a": stats}], [{"test_a": stats}]).splitlines()[2]
+    assert head.split("|")[4].strip() == "1 MOps/s"
+    assert report.ops(stats["median"]) == 1 / stats["median"]
+
+
+def test_families_are_the_bench_files(results: Path) -> None:
+    assert report.families([results]) == {
+        "test_fast": "ops",
+        "test_slow": "ops",
+        "test_no_pytree": "ops",
+        "test_select_nested": "common",
+        "test_rename_nested": "common",
+    }
+    rows = report._layout(report.load(results), report.families([results]))
+    assert rows == [
+        ("ops", None),
+        ("ops", "test_fast"),
+        ("ops", "test_slow"),
+        ("ops", "test_no_pytree"),
+        ("common", None),
+        ("common", "test_select_nested"),
+        ("common", "test_rename_nested"),
+    ]
+
+
+def test_bar_colours_follow_each_cases_goal(results: Path) -> None:
+    cases = report.load(results)
+    met, missed, grey = report.MET, report.MISSED, report.UNJUDGED
+    # fast: held to 2x tensordict (4x: met); its floor panel is not its goal
+    assert report._colours("test_fast", cases["test_fast"]) == (met, grey)
+    # slow: floor under 2.2x tensordict, held to 1.2x the floor (1.5x: missed)
+    assert report._colours("test_slow", cases["test_slow"]) == (grey, missed)
+    # select_nested: 10/3x tensordict meets 2x; a key operation at 3x its floor misses 2x
+    assert report._colours("test_select_nested", cases["test_select_nested"]) == (met, missed)
+    # rename_nested: no tensordict row, 1.5x the floor misses 1.2x
+    assert report._colours("test_rename_nested", cases["test_rename_nested"]) == (grey, missed)
+    assert report._colours("test_no_pytree", cases["test_no_pytree"]) == (met, grey)
+
+
+@pytest.mark.parametrize("suffix", ["svg", "png"])
+def test_plot_draws_every_case_and_goal(
+    results: Path, tmp_path: Path, suffix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / f"plot.{suffix}"
+    assert report.main([str(results), "--plot", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(report.summary(report.load(results))) and printed.rstrip().endswith(f"plot: {out}")
+    data = out.read_bytes()
+    if suffix == "png":
+        assert data.startswith(b"\x89PNG")
+        return
+    svg = data.decode()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    for text in ("fast", "slow", "no_pytree", "select_nested", "rename_nested", "ops", "common"):
+        assert f">{text}<" in svg, text
+    assert "goal: 2x tensordict" in svg and "goal: within 1.2x of the floor" in svg
+    assert "key operations: within 2x" in svg
+    # the same results draw the same file
+    again = tmp_path / "again.svg"
+    report.main([str(results), "--plot", str(again)])
+    assert again.read_text() == svg

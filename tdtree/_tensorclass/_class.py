@@ -384,9 +384,10 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
     """Base of tensorclasses: subclass it with annotated fields for a typed, frozen record.
 
     Args:
-        *args, **kwargs: the fields, by position (declaration order) or by name (defaults from the
-            class body): tensors, TensorDicts, tensorclasses (data, sharing the leading ``batch_size``
-            dims), or static ``str``, ``int``, ``float``, ``bool``, ``None`` or enum members.
+        *args: the fields by position (declaration order).
+        **kwargs: the fields by name (defaults from the class body). Fields are tensors,
+            TensorDicts, tensorclasses (data, sharing the leading ``batch_size`` dims), or static
+            ``str``, ``int``, ``float``, ``bool``, ``None`` or enum members.
         batch_size, device: the data fields' leading dims (None is ``()``), and a device to move them to.
 
     Raises:
@@ -459,7 +460,7 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
     @classmethod
     def from_node(cls, td: TensorDict, **static: Any) -> typing.Self:
         """An instance whose data fields are ``td``'s entries (same leaves, same tags) and whose other
-        fields are given by name (or defaults); the inverse of :meth:`to_node`.
+        fields are given by name (or defaults); the inverse of :meth:`to_node <tdtree.TensorClass.to_node>`.
 
         ``td`` is a tdtree :class:`TensorDict`; :func:`tdtree.from_tensordict` (``cls=``) converts from
         the tensordict package.

@@ -21,7 +21,7 @@ devices and values may differ); when they differ, every side raises
 
 Modes: ``consolidated=True`` packs every leaf into one buffer (grouped by dtype) sent as one
 message and unpacked as views; ``False`` sends one message per leaf; ``None`` (the default)
-picks the cheaper for the node's structure (see :func:`tdtree.distributed._protocol.choose`).
+picks the cheaper for the node's structure (``tdtree.distributed._protocol.choose``).
 """
 
 from ._channel import Channel as Channel

@@ -1,7 +1,7 @@
 """Channels: two processes agree on a structure once, then each node travels as one message.
 
 Plain ``send`` / ``recv`` check the structure on both sides for every transfer, which takes a
-message from each side to the other (see :mod:`._protocol`). A :class:`Channel` makes that
+message from each side to the other (see ``tdtree.distributed._protocol``). A :class:`Channel` makes that
 check once, when both sides create it (the same headers, swapped on tag ``3t + 1``, and the same
 settling and error when they differ). After that each side checks locally that a node it
 sends or receives into has the agreed structure (a cached-layout comparison), and a transfer is
@@ -111,7 +111,7 @@ class Pending:
 
         Raises:
             StructureMismatchError: the message received is not the next one the peer's end of
-                this channel sent (see :mod:`._channel`).
+                this channel sent (see ``tdtree.distributed._channel``).
         """
         if self._queue is None:
             if not self._done:

@@ -2,7 +2,7 @@
 
 Every transfer is one :class:`Transfer`. Each side posts its first message and
 a receive for the other's at once (the header, and for a small consolidated
-node the node's bytes too; see :mod:`._protocol`). A sender posts the rest of
+node the node's bytes too; see ``tdtree.distributed._protocol``). A sender posts the rest of
 its data at once too, so transfers in flight in both directions (a swap, a
 ring) always make progress; a receiver posts its receives once the headers
 agree. The blocking functions are the asynchronous ones followed by ``wait()``,
@@ -228,7 +228,7 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
     shapes and dtypes (tags and values may differ). ``td`` is not changed, and must not be written
     in place before ``wait()`` returns. ``consolidated`` picks the mode (None: the faster one for
     this structure, the same choice on both sides; see the README); both sides must agree.
-    A transfer uses the tags ``3 * tag`` to ``3 * tag + 2`` (see :func:`._protocol.tags`).
+    A transfer uses the tags ``3 * tag`` to ``3 * tag + 2`` (``tdtree.distributed._protocol.tags``).
 
     Args:
         td: the node to send (leaves on one device or several; any tags).
@@ -286,7 +286,7 @@ def irecv(like: Node, src: int, *, group: Any = None, tag: int = 0, consolidated
     The result is a new, untagged node with ``like``'s keys, batch sizes, shapes and dtypes, on
     ``like``'s devices; ``like``'s values are not read and ``like`` is not changed. In consolidated
     mode every leaf of the result is a view of one buffer: the received one for nodes over
-    64 KiB (no copy), a copy of the first message's bytes for smaller ones (see :mod:`._protocol`).
+    64 KiB (no copy), a copy of the first message's bytes for smaller ones (see ``tdtree.distributed._protocol``).
 
     Args:
         like: a template node with the sender's keys, shapes and dtypes (values and tags may differ).

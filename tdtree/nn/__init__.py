@@ -10,3 +10,5 @@ from ._modules import TDModule as TDModule
 from ._modules import TDSequential as TDSequential
 from ._params import from_module as from_module
 from ._params import functional_call as functional_call
+
+__all__ = ["TDModule", "TDSequential", "from_module", "functional_call"]

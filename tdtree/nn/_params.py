@@ -194,7 +194,8 @@ def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: A
         params: a node laid out as :func:`from_module` returns it, or a tuple of such nodes
             (``(params, buffers)``). Entries it lacks fall back to the module's own tensors
             (torch's ``strict=False``).
-        *args, **kwargs: the module's arguments.
+        *args: the module's positional arguments.
+        **kwargs: its keyword arguments.
 
     For the call the node's tensors take the place of the module's own in its
     parameter and buffer dicts, as ``torch.func.functional_call`` puts them

@@ -7,6 +7,9 @@
 * laws: ``check_pure``, ``check_tags``, ``check_compiles``, ``check_vmap``, ``check_grad`` run a
   hypothesis test over a user's function; :mod:`tdtree.testing.laws` also has one-example forms.
 * fixtures: :mod:`tdtree.testing.fixtures` (the ``pytest11`` entry point).
+* constants: ``DEFAULT_DTYPES`` (float32, int64, bool: what ``tensordicts`` draws by default),
+  ``ALL_DTYPES`` (those and float16, bfloat16, float64, complex64, int8, uint8) and ``TAG_SETS``
+  (every tag set a node reaches through the public API).
 
 hypothesis is needed only by the strategies and laws, imported on first use,
 so the assertions work without it. When hypothesis is already imported, importing
@@ -75,3 +78,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'tdtree.testing' has no attribute {name!r}")
     _with_strategies()
     return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -163,7 +163,7 @@ def assert_pure(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def check_pure(fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, settings: Settings = None) -> None:
-    """Over ``strategy``'s draws, ``fn`` leaves its inputs unchanged (see :func:`assert_pure`).
+    """Over ``strategy``'s draws, ``fn`` leaves its inputs unchanged (see :func:`~tdtree.testing.laws.assert_pure`).
 
     Args:
         fn: the function under test.
@@ -296,7 +296,7 @@ def check_tags(
     fn: Callable[..., Any], strategy: st.SearchStrategy[Any], *, rule: bool = True, settings: Settings = None
 ) -> None:
     """Over ``strategy``'s draws (tagged ones: ``tensordicts(tags=True)``), every claim of ``fn``'s results'
-    tags is true and, with ``rule``, the tags follow the storage rule (see :func:`assert_tags`).
+    tags is true and, with ``rule``, the tags follow the storage rule (see :func:`~tdtree.testing.laws.assert_tags`).
 
     Args:
         fn: the function under test.

@@ -222,8 +222,8 @@ def tensordicts(
         keys: pin the leaf keys: the node holds exactly these (str or tuples of str; a tuple nests);
             a mapping from key to feature shape pins the leaves' shapes too (None: drawn).
         max_depth: how deep sub-nodes may nest.
-        max_keys / min_keys: entries per node (``min_keys`` applies to the root).
-        dtypes: the leaf dtypes to draw from (:data:`ALL_DTYPES` holds the float16, bfloat16,
+        max_keys, min_keys: entries per node (``min_keys`` applies to the root).
+        dtypes: the leaf dtypes to draw from (``tdtree.testing.ALL_DTYPES`` holds the float16, bfloat16,
             float64, complex64, int8, uint8, int64 and bool mix).
         elements: ``"normal"`` (random finite values) or ``"special"``: a drawn share (0 to all)
             of each leaf's elements are NaN, ±inf, -0.0, subnormals, the dtype's extremes.
@@ -244,7 +244,7 @@ def tensordicts(
             that are undefined there.
 
     Returns:
-        A strategy of :class:`TensorDict`; hypothesis shrinks over keys, shapes, dtypes and tags
+        A strategy of :class:`~tdtree.TensorDict`; hypothesis shrinks over keys, shapes, dtypes and tags
         (values come from a drawn seed).
 
     Raises:

@@ -56,7 +56,7 @@ def assert_compiles(
     atol: float | None = None,
 ) -> None:
     """``torch.compile(fn, fullgraph=True)`` gives ``fn``'s eager result (tags included) on ``args``, then on
-    ``again`` (arguments of the same structure: see :func:`same_structure`) without compiling again.
+    ``again`` (arguments of the same structure: see :func:`~tdtree.testing.same_structure`) without compiling again.
 
     Dynamo's caches are reset first (``torch.compiler.reset()``), so that each
     call starts from nothing. A failure reports the frames compiled and graph breaks counted.
@@ -66,7 +66,7 @@ def assert_compiles(
         args: a tuple of arguments.
         again: a second tuple of arguments of the same structure.
         backend: the ``torch.compile`` backend (``"aot_eager"`` / ``"eager"`` check tracing only).
-        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`~tdtree.testing.assert_close`).
 
     Raises:
         LawError: compiling failed, the results differ from eager, or ``again`` recompiled.
@@ -113,7 +113,7 @@ def check_compiles(
     settings: Settings = None,
 ) -> None:
     """Over ``strategy``'s draws, ``fn`` compiles with ``fullgraph=True`` to its eager result and does not
-    recompile for a second draw of the same structure (see :func:`assert_compiles`).
+    recompile for a second draw of the same structure (see :func:`~tdtree.testing.laws.assert_compiles`).
 
     ``backend="aot_eager"`` or ``"eager"`` checks tracing only, much faster than inductor's code
     generation. Each example compiles afresh (a second or more), so without ``settings`` the law
@@ -124,7 +124,7 @@ def check_compiles(
         fn: the function under test.
         strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
         backend: the ``torch.compile`` backend.
-        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`~tdtree.testing.assert_close`).
         settings: ``hypothesis.settings`` for this run (None: the current profile's).
 
     Raises:
@@ -179,13 +179,13 @@ def assert_vmap(
     (``unbind`` along each argument's mapped dim) with the results stacked along dim 0.
 
     Nodes and tensors are mapped (``in_dims`` per argument, or one for all); other arguments are passed
-    as they are. Tags are not compared here (that is :func:`assert_tags`' law).
+    as they are. Tags are not compared here (that is :func:`~tdtree.testing.laws.assert_tags`' law).
 
     Args:
         fn: the function under test.
         *args: its arguments.
         in_dims: the mapped dim per argument (a tuple), or one for all; None: unmapped.
-        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`~tdtree.testing.assert_close`).
 
     Returns:
         What the mapped function returned.
@@ -229,18 +229,18 @@ def check_vmap(
     atol: float | None = None,
     settings: Settings = None,
 ) -> None:
-    """Over ``strategy``'s draws, ``tdtree.vmap(fn)`` equals ``fn`` stacked over the slices (see :func:`assert_vmap`).
+    """Over ``strategy``'s draws, ``tdtree.vmap(fn)`` equals ``fn`` stacked over the slices (see :func:`~tdtree.testing.laws.assert_vmap`).
 
     Args:
         fn: the function under test.
         strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
-        in_dims: as in :func:`assert_vmap`.
-        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`assert_close`).
+        in_dims: as in :func:`~tdtree.testing.laws.assert_vmap`.
+        rtol, atol: tolerances of the comparison (None: per dtype, as :func:`~tdtree.testing.assert_close`).
         settings: ``hypothesis.settings`` for this run (None: the current profile's).
 
     Raises:
         LawError: for the (shrunk) example where the law fails.
-        ValueError: as :func:`assert_vmap`.
+        ValueError: as :func:`~tdtree.testing.laws.assert_vmap`.
     """
     run_law(
         "check_vmap",
@@ -338,17 +338,17 @@ def check_grad(
     settings: Settings = None,
 ) -> None:
     """Over ``strategy``'s (float64) draws, ``torch.func.grad`` through ``fn`` matches finite differences
-    (see :func:`assert_grad`); the weights and directions come from a drawn seed.
+    (see :func:`~tdtree.testing.laws.assert_grad`); the weights and directions come from a drawn seed.
 
     Args:
         fn: the function under test.
         strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
-        eps, rtol, atol: as in :func:`assert_grad`.
+        eps, rtol, atol: as in :func:`~tdtree.testing.laws.assert_grad`.
         settings: ``hypothesis.settings`` for this run (None: the current profile's).
 
     Raises:
         LawError: for the (shrunk) example where the law fails.
-        ValueError: as :func:`assert_grad`.
+        ValueError: as :func:`~tdtree.testing.laws.assert_grad`.
     """
 
     def check(data: Any, args: tuple[Any, ...]) -> None:

@@ -1,4 +1,4 @@
-"""The pytest fixtures of :mod:`tdtree.testing` (see :mod:`tdtree.testing._fixtures`)."""
+"""The pytest fixtures of :mod:`tdtree.testing` (defined in ``tdtree.testing._fixtures``)."""
 
 from ._fixtures import tdtree_memmap as tdtree_memmap
 from ._fixtures import tdtree_memmap_dir as tdtree_memmap_dir
