@@ -376,3 +376,27 @@ def test_what_the_rule_kept_of_a_node_follows_a_refilled_node() -> None:
     assert out["z"].untyped_storage().data_ptr() == fresh.untyped_storage().data_ptr()
     assert out.tags == {tt.Locked}  # a view of the new leaf: a storage the node now uses
     assert td.apply(lambda x: x + 1).tags == frozenset()
+
+
+class _Sub(tt.TensorDict):
+    pass
+
+
+class _SubSub(_Sub):
+    pass
+
+
+@pytest.mark.parametrize("cls", [_Sub, _SubSub])
+def test_a_subclass_tagged_type_is_its_parents_tagged_type(cls: type[tt.TensorDict]) -> None:
+    node = cls({"a": torch.zeros(2)}, batch_size=[2])
+    locked, shared = node.lock(), node.share_memory()
+    assert type(locked) is cls[tt.Locked] and type(shared) is cls[tt.Locked, tt.Shared]
+    for parent in cls.__mro__:
+        if parent.__dict__.get("_root") is parent:  # every node root type above cls, cls itself too
+            assert isinstance(locked, parent[tt.Locked]) and isinstance(locked, parent)
+            assert isinstance(shared, parent[tt.Shared]) and isinstance(shared, parent[tt.Locked, tt.Shared])
+            assert not isinstance(locked, parent[tt.Shared])
+    assert isinstance(locked, tt.TensorDict[tt.Locked])
+    assert not isinstance(tt.TensorDict({}).lock(), cls)
+    assert type(locked.select("a")) is cls[tt.Locked]  # the rule keeps the subclass
+    assert type(locked.unlock()) is cls
