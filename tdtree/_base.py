@@ -22,7 +22,8 @@ rule loses tags instead of keeping false ones. Two factories write tags:
 ``make_tagged``, one node, which no operation calls (the tests build trees of
 mixed tags with it, which no operation makes).
 
-These eleven are the only code that writes slots. Eager code writes them through
+These eleven are the only code that writes ``_data`` and ``_meta``; ``memo`` writes the third
+slot, a cache of what the tag rule derives from a node's leaves. Eager code writes them through
 the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
@@ -70,6 +71,7 @@ __all__ = [
     "from_levels",
     "sorted_data",
     "insertion_point",
+    "memo",
 ]
 
 NO_TAGS: frozenset = frozenset()
@@ -119,11 +121,13 @@ def _is_tagged_type_traced(t: object, /) -> bool:
 class Node:
     """Base of every node type: the slots, immutability and the pytree hook."""
 
-    __slots__ = ("_data", "_meta")
+    # ``_memo``: what the tag rule knows of the node's leaves (``memo``), computed on first use
+    __slots__ = ("_data", "_meta", "_memo")
     _tags: ClassVar[frozenset] = frozenset()
     _root: ClassVar[type[Node]]
     _data: dict[str, Any]
     _meta: tuple[tuple[str, ...], torch.Size, torch.device | None, frozenset]
+    _memo: tuple[dict[str, Any], Any]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -176,6 +180,7 @@ _Tensor = torch.Tensor
 # the slot descriptors themselves (``Node._data`` reads the descriptor too, but is typed as the slot's value)
 _set_data = vars(Node)["_data"].__set__
 _set_meta = vars(Node)["_meta"].__set__
+_set_memo = vars(Node)["_memo"].__set__
 
 
 def _traced(node: Any, data: dict[str, Any], meta: tuple) -> Any:
@@ -330,6 +335,25 @@ def _retagged_traced(node: Node, cls: type[Node], tags: frozenset, variant: Call
         kind = variant(type(node)._root, tags)
         own = kind._tags if tags else tags
     return _traced(object.__new__(kind), new, (keys, batch_size, device, own))
+
+
+def memo(node: Node, compute: Callable[[Node], Any]) -> Any:
+    """``compute(node)``, worked out on the first call for ``node`` and kept on it for the next ones.
+
+    A node never changes, so what is derived from its leaves stays true; the value is kept with the
+    ``_data`` dict it was derived from and worked out again if the constructor ever refills the node.
+    Eager code only: under ``torch.compile`` it runs where dynamo does not trace (the tag rule's
+    ``nonstrict_trace`` check), on nodes rebuilt for that call.
+    """
+    data = node._data
+    try:
+        kept = node._memo
+    except AttributeError:  # never asked for this node
+        kept = None
+    if kept is None or kept[0] is not data:
+        kept = (data, compute(node))
+        _set_memo(node, kept)
+    return kept[1]
 
 
 def fill(node: Node, data: dict[str, Any], meta: tuple) -> None:

@@ -155,7 +155,10 @@ def tagged_type(root: type, tags: Iterable[Tag]) -> type:
         if not isinstance(tag, Tag):
             raise TypeError(f"{root.__name__}[...] takes tags (Locked, Shared, Memmap), got {tag!r}")
     order = sorted(tags)
-    bases = tuple(tagged_type(root, tags - {t}) for t in order)
+    # a subclass's tagged type is also its parent's (``MyTD[Locked]`` is a ``TensorDict[Locked]``):
+    # tags are types for subclasses too
+    parents = tuple(tagged_type(b, tags) for b in root.__bases__ if b.__dict__.get("_root") is b)
+    bases = tuple(tagged_type(root, tags - {t}) for t in order) + parents
     name = f"{root.__name__}[{', '.join(t.name for t in order)}]"
     cls = type(root)(
         name,

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import optree
 import torch
 
-from ._base import NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, retagged
+from ._base import NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, memo, retagged
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
@@ -77,32 +77,65 @@ def storage_key(tensor: torch.Tensor) -> int | None:
     return storage_id(storage) if holds_data(storage) else None
 
 
+class _Known:
+    """What the rule knows of one input node's leaves: their ids, and (asked for only when a result
+    leaf is not one of them) the identities of their storages."""
+
+    __slots__ = ("leaves", "ids", "_storages")
+
+    def __init__(self, node: Node) -> None:
+        self.leaves: list[torch.Tensor] = []
+        _scan(node, NO_TAGS, self.leaves)
+        self.ids = set(map(id, self.leaves))
+        self._storages: set[int] | None = None
+
+    @property
+    def storages(self) -> set[int]:
+        # the inputs' zero-byte storages are in it too: a leaf on one of them has no storage_key,
+        # and is no new storage either way
+        if self._storages is None:
+            self._storages = set(storage_ids(self.leaves))
+        return self._storages
+
+
+def _fresh(leaves: list[torch.Tensor], known: list[_Known]) -> bool:
+    """Whether one of ``leaves`` holds data (a ``storage_key``) on a storage none of ``known`` has."""
+    if len(known) == 1:
+        ids = known[0].ids
+        if ids.issuperset(map(id, leaves)):
+            return False  # the input's own tensors (select, exclude, ...): its storages
+        unknown = [t for t in leaves if id(t) not in ids]
+    else:
+        unknown = [t for t in leaves if not any(id(t) in k.ids for k in known)]
+        if not unknown:
+            return False
+    # stops at the first new storage holding data: an operation that computes new tensors is
+    # decided by its first leaf
+    sets = [k.storages for k in known]
+    for storage in storages(unknown):
+        sid = storage_id(storage)
+        if not any(sid in s for s in sets) and holds_data(storage):
+            return True
+    return False
+
+
 @nonstrict_trace
-def _new_storages(results: list[list[torch.Tensor]], inputs: list[torch.Tensor]) -> list[bool]:
-    """For each leaf list of ``results``: whether a leaf holds data (a ``storage_key``) none of ``inputs`` has."""
+def _new_storages(results: list[list[torch.Tensor]], inputs: list[Node]) -> list[bool]:
+    """For each leaf list of ``results``: whether a leaf holds data (a ``storage_key``) none of the
+    nodes ``inputs`` has.
+
+    What the rule needs of an input node is worked out once per node and kept on it (``memo``: a
+    node never changes), so an operation pays for the leaves of its result, not of its inputs.
+    """
     # nonstrict_trace: under torch.compile dynamo runs this on the fake tensors
     # at trace time (fakes keep their storages' identity) and keeps the bools as
     # constants, so the rule adds no graph break; in eager it is a plain call.
     # Dynamo's graph keeps a call of it whose result nothing reads: AOTAutograd
     # traces that to nothing (inductor and aot_eager never call it again), and
-    # only the "eager" backend, which runs dynamo's graph as it is, calls it per run.
-    same = set(map(id, inputs))
-    known: set[int] | None = None
-    decided = []
-    for leaves in results:
-        if same.issuperset(map(id, leaves)):
-            decided.append(False)  # the inputs' own tensors (select, exclude, ...): their storages
-            continue
-        if known is None:
-            # the inputs' zero-byte storages are in ``known`` too: a leaf on one of them
-            # has no storage_key, and is no new storage either way
-            known = set(storage_ids(inputs))
-        found = list(storages(leaves))
-        decided.append(
-            not known.issuperset(map(storage_id, found))
-            and any(holds_data(s) for s in found if storage_id(s) not in known)  # storage_key is not None
-        )
-    return decided
+    # only the "eager" backend, which runs dynamo's graph as it is, calls it per run
+    # (on nodes rebuilt for the call, so nothing is kept between runs).
+    known = [memo(n, _Known) for n in inputs]
+    return [_fresh(leaves, known) for leaves in results]
 
 
 def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
@@ -189,14 +222,10 @@ def _ruled(results: list[Any], inputs: list[Node], common: frozenset) -> list[An
     """The nodes ``results`` with the rule applied for the ``common`` tags of ``inputs``."""
     if not common:
         return [retag(r, common) for r in results]
-    known: list[torch.Tensor] = []
-    for n in inputs:
-        _scan(n, common, known)
     leaves: list[list[torch.Tensor]] = [[] for _ in results]
     uniform = [_scan(r, common, found) for r, found in zip(results, leaves)]
     decided = []
-    # the input storages gathered once for every result
-    for r, fresh, carries_common in zip(results, _new_storages(leaves, known), uniform):
+    for r, fresh, carries_common in zip(results, _new_storages(leaves, inputs), uniform):
         if fresh:
             r = retag(r, NO_TAGS)
         elif not carries_common:  # a result carrying them everywhere already is kept as it is
@@ -235,7 +264,14 @@ def _ruled_out(out: Any, values: Iterable[Any]) -> Any:
     """``out`` decided by the rule for the inputs found in the arguments ``values``."""
     inputs: list[Node] = []
     for x in values:
-        _nodes_in(x, inputs)
+        if isinstance(x, Node):
+            inputs.append(x)  # untagged ones too: they leave no tag in common
+            continue
+        t = type(x)
+        # the other arguments the gate passes by type (keys, numbers, tensors) hold no node: select
+        # of many keys would otherwise pay a call per key
+        if not (is_untagged_type(t) or (t is tuple and x and type(x[0]) is str)):
+            _nodes_in(x, inputs)
     return _decide(out, inputs)
 
 

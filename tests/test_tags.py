@@ -14,6 +14,7 @@ import torch.utils._pytree as torch_pytree
 from _tagsets import tag_sets
 
 import tdtree as tt
+from tdtree import _tags
 from tdtree._tags import retag, tag_rule
 from tdtree.errors import LockedError
 from tdtree.testing import assert_equal
@@ -339,3 +340,63 @@ def test_leaves_that_are_not_tensors_hold_no_storage() -> None:
     assert tag_sets(kept) == {SL}
     dropped = returning(torch_pytree.tree_unflatten([None, 0, torch.zeros(2, 1)], spec))(td)
     assert tag_sets(dropped) == {frozenset()}
+
+
+def test_an_input_is_looked_at_once_and_the_rule_still_decides_each_result(monkeypatch) -> None:
+    """What the rule knows of an input node is worked out on the first operation and kept: later
+    operations on the same node pay for their result alone, and still decide by storage."""
+    made: list[object] = []
+    known = _tags._Known
+
+    def counted(node):
+        made.append(node)
+        return known(node)
+
+    monkeypatch.setattr(_tags, "_Known", counted)
+    td = _plain().lock()
+    assert td.select("a").tags == {tt.Locked}
+    assert made == [td]
+    assert (td + 1).tags == frozenset()  # new storage, found through the kept storages
+    assert td.apply(lambda x: x[:1]).tags == {tt.Locked}  # other tensors, the input's storages
+    assert td.exclude("b").tags == {tt.Locked}
+    assert made == [td]
+    other = td.select("a", "n")  # a result is an input of its own: looked at on its first use
+    assert other.apply(lambda x: x.view_as(x)).tags == {tt.Locked}
+    assert made == [td, other]
+
+
+def test_what_the_rule_kept_of_a_node_follows_a_refilled_node() -> None:
+    """The constructor can be called again on a node (it refills its slots): what the rule kept of
+    the old leaves is not used for the new ones."""
+    td = _plain().lock()
+    assert td.apply(lambda x: x.view_as(x)).tags == {tt.Locked}  # the node's storages are kept
+    fresh = torch.arange(4.0)
+    tt.TensorDict.__init__(td, {"z": fresh}, batch_size=[4])
+    out = td.apply(lambda x: x[1:])
+    assert out["z"].untyped_storage().data_ptr() == fresh.untyped_storage().data_ptr()
+    assert out.tags == {tt.Locked}  # a view of the new leaf: a storage the node now uses
+    assert td.apply(lambda x: x + 1).tags == frozenset()
+
+
+class _Sub(tt.TensorDict):
+    pass
+
+
+class _SubSub(_Sub):
+    pass
+
+
+@pytest.mark.parametrize("cls", [_Sub, _SubSub])
+def test_a_subclass_tagged_type_is_its_parents_tagged_type(cls: type[tt.TensorDict]) -> None:
+    node = cls({"a": torch.zeros(2)}, batch_size=[2])
+    locked, shared = node.lock(), node.share_memory()
+    assert type(locked) is cls[tt.Locked] and type(shared) is cls[tt.Locked, tt.Shared]
+    for parent in cls.__mro__:
+        if parent.__dict__.get("_root") is parent:  # every node root type above cls, cls itself too
+            assert isinstance(locked, parent[tt.Locked]) and isinstance(locked, parent)
+            assert isinstance(shared, parent[tt.Shared]) and isinstance(shared, parent[tt.Locked, tt.Shared])
+            assert not isinstance(locked, parent[tt.Shared])
+    assert isinstance(locked, tt.TensorDict[tt.Locked])
+    assert not isinstance(tt.TensorDict({}).lock(), cls)
+    assert type(locked.select("a")) is cls[tt.Locked]  # the rule keeps the subclass
+    assert type(locked.unlock()) is cls
