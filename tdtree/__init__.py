@@ -1,6 +1,6 @@
 """tdtree: a functional, immutable TensorDict for PyTorch, built on optree.
 
-``tdtree.nn``, ``tdtree.optim``, ``tdtree.testing`` and ``tdtree.distributed`` are
+``tdtree.nn``, ``tdtree.optim``, ``tdtree.data``, ``tdtree.testing`` and ``tdtree.distributed`` are
 imported on first use (PEP 562), so ``import tdtree`` alone reaches them and does
 not pay for them.
 """
@@ -45,7 +45,7 @@ from .interop import to_tensordict as to_tensordict
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("distributed", "nn", "optim", "testing")
+_SUBPACKAGES = ("data", "distributed", "nn", "optim", "testing")
 
 
 def __getattr__(name: str) -> Any:
