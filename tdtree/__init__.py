@@ -1,6 +1,6 @@
 """tdtree: a functional, immutable TensorDict for PyTorch, built on optree.
 
-``tdtree.nn``, ``tdtree.optim``, ``tdtree.testing`` and ``tdtree.distributed`` are
+``tdtree.nn``, ``tdtree.optim``, ``tdtree.data``, ``tdtree.testing`` and ``tdtree.distributed`` are
 imported on first use (PEP 562), so ``import tdtree`` alone reaches them and does
 not pay for them.
 """
@@ -69,7 +69,7 @@ __all__ = [
     "WriteError",
 ]
 
-_SUBPACKAGES = ("distributed", "nn", "optim", "testing")
+_SUBPACKAGES = ("data", "distributed", "nn", "optim", "testing")
 
 
 def __getattr__(name: str) -> Any:

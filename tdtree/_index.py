@@ -267,8 +267,34 @@ def getitem(node: NodeT, index: Any) -> NodeT:
     leaf_index, new = normalize(node._meta[1], index)
     if len(leaf_index) == 1:
         one = leaf_index[0]
+        if isinstance(one, torch.Tensor) and one.dim() == 1 and one.dtype in _ROW_DTYPES:
+            return _rows(node, one, new)
         return rebuild(node, lambda x: x[one], new)
     return rebuild(node, lambda x: x[leaf_index], new)
+
+
+_ROW_DTYPES = (torch.int64, torch.int32)
+# elements per row from which a leaf's rows are copied whole (index_select) rather than gathered
+# element by element (advanced indexing computes an offset per element)
+_WHOLE_ROWS = 32
+
+
+def _rows(node: NodeT, positions: torch.Tensor, new: torch.Size) -> NodeT:
+    """``node[positions]`` for a 1-d tensor of positions along the first batch dim (a batch of rows, a
+    mask's nonzero). Negative positions count from the end, as torch's indexing does: index_select
+    does not, so they are made positive, once, for the first leaf with rows long enough to copy whole."""
+    size = node._meta[1][0]
+    made: list[torch.Tensor] = []
+
+    def take(x: torch.Tensor) -> torch.Tensor:
+        if size == 0 or x.numel() < _WHOLE_ROWS * size:
+            return x[positions]
+        if not made:
+            made.append(torch.where(positions < 0, positions + size, positions))
+        whole = made[0]
+        return x.index_select(0, whole if whole.device == x.device else whole.to(x.device))
+
+    return rebuild(node, take, new)
 
 
 def _same_keys(a: Node, b: Node) -> bool:

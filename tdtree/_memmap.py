@@ -319,6 +319,13 @@ def _write_leaf(path: str, tensor: torch.Tensor) -> None:
         f.write(as_bytes(tensor).numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
 
 
+def _write_zeros(path: str, nbytes: int) -> None:
+    # the file is sized, not written: its bytes read as zeros and take no memory (nor, on most file
+    # systems, disk) until written
+    with open(path, "xb") as f:
+        f.truncate(nbytes)
+
+
 def _write_json(path: str, doc: dict[str, Any]) -> None:
     # json.dumps, not json.dump: dump streams through the pure-Python encoder, several times slower
     text = json.dumps(doc, ensure_ascii=True, separators=(",", ":"))
@@ -327,7 +334,11 @@ def _write_json(path: str, doc: dict[str, Any]) -> None:
 
 
 def memmap(
-    node: Node, prefix: str | os.PathLike[str], existsok: bool = False, record: dict[str, Any] | None = None
+    node: Node,
+    prefix: str | os.PathLike[str],
+    existsok: bool = False,
+    record: dict[str, Any] | None = None,
+    values: bool = True,
 ) -> Any:
     """Write every leaf of ``node`` to its own file under ``prefix`` and return the mapped node.
 
@@ -341,9 +352,12 @@ def memmap(
             old one renamed away and deleted.
         record: a tensorclass's JSON record (see :mod:`tdtree._tensorclass._layout`),
             stored in the metadata so that :func:`tdtree.load_memmap` gives the class back.
+        values: write the leaves' values; when False only their shapes and dtypes are read (a
+            leaf may be a meta tensor or an expanded view) and every file is created at its
+            final size holding zeros, without the values ever being in memory.
 
     Returns:
-        A node equal to ``node`` whose leaves are mapped from the files
+        A node equal to ``node`` (zeros of its shapes and dtypes without ``values``) whose leaves are mapped from the files
         (read-write, shared with every process that maps them), on the CPU,
         tagged ``{Memmap, Locked}`` on every sub-node. This makes tags rather
         than following the rule, like :meth:`lock`.
@@ -382,9 +396,14 @@ def memmap(
     except OSError as err:
         raise MemmapError(f"cannot create {where}: {err}") from err
     try:
-        for index, (_, leaf) in enumerate(leaves):
+        for index, (path, leaf) in enumerate(leaves):
             where = os.path.join(prefix, leaf_name(index))
-            _write_leaf(os.path.join(tmp, leaf_name(index)), leaf)
+            if values:
+                _write_leaf(os.path.join(tmp, leaf_name(index)), leaf)
+            else:
+                _write_zeros(
+                    os.path.join(tmp, leaf_name(index)), checked_size(leaf.shape, leaf.dtype, MemmapError, path)
+                )
         where = os.path.join(prefix, META)
         _write_json(os.path.join(tmp, META), doc)
         # mapped before the rename, through the directory written: another writer may replace

@@ -24,6 +24,7 @@ import torch
 
 from . import _combine, _device, _index, _inplace, _keyops, _lookup, _maps, _memmap, _ops, _records, _shape, _shared
 from ._base import Node
+from ._dataset import TensorDictDataset, not_a_dataset
 from ._pickle import reduce_node
 from ._pytree import register
 from ._repr import node_repr
@@ -226,6 +227,33 @@ class TensorDict(Node):
     def __iter__(self) -> Iterator[str]:
         """The top-level keys, in canonical (sorted) order."""
         return iter(self._data)
+
+    def __getitems__(self, indices: Sequence[builtins.int]) -> TensorDict:
+        """Always raises TypeError: torch calls it on a dataset (``DataLoader(td)``, ``Subset(td, ...)``),
+        and a node is a mapping, whose ``len`` counts keys; the message says to pass :meth:`as_dataset`."""
+        raise not_a_dataset(self)
+
+    def as_dataset(self) -> TensorDictDataset[TensorDict]:
+        """The rows of this node along its first batch dim, as a map-style ``torch.utils.data.Dataset``.
+
+        ``len(td)`` counts keys (a node is a mapping); the dataset's ``len`` is the first batch dim,
+        ``ds[i]`` is ``td[i]`` and a batch of indices is read in one index operation
+        (``__getitems__``), so ``DataLoader(td.as_dataset(), batch_size=64, shuffle=True)`` yields one
+        node per batch (untagged: new storage). See also ``tdtree.data.minibatches``.
+
+        Returns:
+            A :class:`tdtree.data.TensorDictDataset` holding this node (nothing is copied).
+
+        Raises:
+            TypeError: the node has no batch dims.
+
+        >>> import torch, tdtree as tt
+        >>> from torch.utils.data import DataLoader
+        >>> td = tt.TensorDict({"x": torch.arange(6.0), "y": torch.arange(6)}, batch_size=[6])
+        >>> [b["y"].tolist() for b in DataLoader(td.as_dataset(), batch_size=4)]
+        [[0, 1, 2, 3], [4, 5]]
+        """
+        return TensorDictDataset(self)
 
     __contains__ = _lookup.contains
 
@@ -514,6 +542,34 @@ class TensorDict(Node):
                 a leaf's dtype cannot be mapped, or writing failed; nothing is left behind.
         """
         return _memmap.memmap(self, prefix, existsok)
+
+    def memmap_like(self, prefix: Any, existsok: builtins.bool = False) -> TensorDict:
+        """A memmapped node of this one's keys, batch sizes, shapes and dtypes, holding zeros: the
+        files are created at their final size without any value passing through memory.
+
+        Only the leaves' shapes and dtypes are read, so this node may hold meta tensors (a spec:
+        ``torch.empty(50_000, 3, 32, 32, dtype=torch.uint8, device="meta")``) or expanded views of
+        one row. Fill the result in place, chunk by chunk, with ``at[i:j].set_(chunk)``.
+
+        Args:
+            prefix: the directory to create (str or path; its parent is created when missing).
+            existsok: replace an existing memmap directory (or empty directory) at ``prefix``.
+
+        Returns:
+            A new node on the CPU whose leaves are mapped read-write from zero-filled files, tagged
+            ``{Memmap, Locked}`` (made, not kept), as :meth:`memmap` returns.
+
+        Raises:
+            MemmapError: as :meth:`memmap`; nothing is left behind.
+
+        >>> import tempfile, torch, tdtree as tt
+        >>> spec = tt.TensorDict({"x": torch.empty(1000, 3, device="meta")}, batch_size=[1000])
+        >>> data = spec.memmap_like(tempfile.mkdtemp() + "/data")
+        >>> data = data.at[:10].set_(tt.TensorDict({"x": torch.ones(10, 3)}, batch_size=[10]))
+        >>> data.tags == {tt.Memmap, tt.Locked}, data["x"][:11].sum().item()
+        (True, 30.0)
+        """
+        return _memmap.memmap(self, prefix, existsok, values=False)
 
 
 register(TensorDict)

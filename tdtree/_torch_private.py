@@ -26,6 +26,11 @@ Makefile pins).
   call) by ``tdtree.nn`` (``from_module``, ``functional_call``) as ``torch.func.functional_call``
   itself does; they are attributes of every module, so they are not re-exported here, and the test
   checks a module's call reads what is put in them.
+* ``default_collate_fn_map`` (``torch.utils.data._utils.collate``): the table of element types that
+  ``torch.utils.data.default_collate`` consults first. torch's own docstring of ``collate`` says to
+  extend ``default_collate`` by adding to it in place; it has no public spelling. Nodes and
+  tensorclasses are added there, so a ``DataLoader`` with its default ``collate_fn`` gives a node
+  (an instance) per batch.
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
@@ -39,6 +44,7 @@ import torch
 import torch.utils._pytree as torch_pytree
 from torch._C import _functorch
 from torch.fx.experimental.symbolic_shapes import guard_or_true
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 __all__ = [
     "transforms_active",
@@ -51,6 +57,7 @@ __all__ = [
     "compile_counter",
     "graph_breaks",
     "torch_pytree",
+    "default_collate_fn_map",
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a

@@ -250,3 +250,41 @@ def test_range_index_is_a_list_of_ints() -> None:
     assert torch.equal(td[range(-2, 0)]["a"], td["a"][[-2, -1]])
     assert td[range(0)].batch_size == torch.Size([0])
     assert torch.equal(td.at[range(3, 0, -2)].set(-1.0)["a"][[3, 1]], torch.full((2, 3), -1.0))
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        torch.tensor([5, 0, 5, 9]),
+        torch.tensor([-1, -10, 3], dtype=torch.int32),
+        [9, -2],
+        torch.tensor([True, False] * 5),
+        torch.zeros(0, dtype=torch.long),
+    ],
+    ids=["long", "int32-negative", "list", "mask", "empty"],
+)
+def test_rows_long_enough_to_copy_whole_index_as_torch(index: Any) -> None:
+    # rows of at least 32 elements are copied whole (index_select), shorter ones gathered: both as torch
+    g = torch.Generator().manual_seed(0)
+    leaves = {
+        "image": torch.randint(0, 255, (10, 3, 4, 4), dtype=torch.uint8, generator=g),
+        "short": torch.randn(10, 3, generator=g),
+        "t": torch.randn(4, 10, 8, generator=g).transpose(0, 1),  # rows of 32, not contiguous
+        "sub": {"c": torch.randn(10, 2, 40, generator=g)},
+    }
+    td = tt.TensorDict({**leaves, "sub": tt.TensorDict(leaves["sub"], [10, 2])}, [10])
+    out = td[index]
+    positions = torch.tensor(index) if isinstance(index, list) else index
+    assert_equal(
+        out,
+        {k: v[positions] for k, v in leaves.items() if k != "sub"} | {"sub": {"c": leaves["sub"]["c"][positions]}},
+    )
+    assert out.batch_size == torch.empty(10)[positions].shape and out["sub"].batch_size == (*out.batch_size, 2)
+    assert out["image"].untyped_storage().data_ptr() != td["image"].untyped_storage().data_ptr()
+
+
+def test_rows_out_of_range_raise_index_error() -> None:
+    td = tt.TensorDict({"image": torch.zeros(10, 3, 4, 4)}, [10])
+    for bad in ([10], [-11]):
+        with pytest.raises(IndexError):
+            td[torch.tensor(bad)]

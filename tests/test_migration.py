@@ -210,6 +210,34 @@ def test_iteration_is_over_keys_unbind_walks_the_batch() -> None:
     assert len(td) == 4
 
 
+def test_len_counts_keys_and_a_dataset_is_as_dataset() -> None:
+    from torch.utils.data import DataLoader, RandomSampler
+
+    td, node = _pair()
+    assert len(td) == 4 and len(node) == 2 and len(node.as_dataset()) == 4  # the difference, on purpose
+
+    def sampler(ds: Any) -> RandomSampler:
+        return RandomSampler(ds, generator=torch.Generator().manual_seed(0))
+
+    theirs = list(DataLoader(td, batch_size=3, sampler=sampler(td), collate_fn=lambda x: x))
+    ours = list(DataLoader(node.as_dataset(), batch_size=3, sampler=sampler(node.as_dataset())))
+    mini = list(tt.data.minibatches(node, 3, generator=torch.Generator().manual_seed(0)))
+    assert len(theirs) == len(ours) == len(mini) == 2
+    for a, b, c in zip(theirs, ours, mini, strict=True):
+        same(a, b)
+        same(a, c)
+
+
+def test_memmap_like(tmp_path: Any) -> None:
+    td, node = _pair()
+    theirs = td.memmap_like(tmp_path / "td")
+    ours = node.memmap_like(tmp_path / "tt")
+    assert theirs.is_memmap() and theirs.is_locked and ours.tags == {tt.Memmap, tt.Locked}
+    same(theirs, ours)  # zeros of the same keys, shapes and dtypes
+    spec = node.apply(lambda x: torch.empty_like(x, device="meta"))
+    same(theirs, spec.memmap_like(tmp_path / "spec"))
+
+
 def test_stack_and_cat() -> None:
     (td1, n1), (td2, n2) = _pair(), _pair()
     same(torch.stack([td1, td2], 1), torch.stack([n1, n2], 1))

@@ -10,7 +10,13 @@ import pytest
 
 @pytest.mark.parametrize(
     ("name", "attribute"),
-    [("nn", "from_module"), ("optim", "adam"), ("testing", "assert_equal"), ("distributed", "all_reduce")],
+    [
+        ("nn", "from_module"),
+        ("optim", "adam"),
+        ("data", "minibatches"),
+        ("testing", "assert_equal"),
+        ("distributed", "all_reduce"),
+    ],
 )
 def test_import_tdtree_reaches_each_subpackage_on_first_use(name: str, attribute: str) -> None:
     code = (

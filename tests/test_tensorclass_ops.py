@@ -157,13 +157,13 @@ def test_pin_memory_and_cuda_are_forwarded_to_the_inner_node() -> None:
 
 # TensorDict's public operations a tensorclass does not have: each edits or reads keys, which a
 # record has as declared fields (read them as attributes, change them with replace), or builds a
-# TensorDict from other data.
+# TensorDict from other data; as_dataset gives a node's rows the dataset protocol an instance has itself.
 NOT_ON_RECORDS = {
     "__class_getitem__",
     "__contains__",
     "__delitem__",
     "__iter__",
-    "__len__",
+    "as_dataset",
     "__setitem__",
     "exclude",
     "flatten_keys",

@@ -221,3 +221,32 @@ def test_module_dicts_hold_the_tensors_a_call_reads():
         assert torch.equal(lin[0](torch.randn(3, 2)), torch.ones(3, 2))
     finally:
         lin[0]._parameters["weight"] = old
+
+
+def test_default_collate_consults_default_collate_fn_map_first_by_type_then_by_subclass() -> None:
+    from torch.utils.data import default_collate
+
+    class Base:
+        pass
+
+    class Sub(Base):
+        pass
+
+    class Rows(Base):
+        def __getitem__(self, index: int) -> Sub:
+            return Sub()
+
+    def entry(batch: object, *, collate_fn_map: object) -> tuple[str, object, object]:
+        return ("entry", batch, collate_fn_map)
+
+    assert Base not in P.default_collate_fn_map
+    P.default_collate_fn_map[Base] = entry
+    try:
+        batch = [Sub(), Sub()]
+        tag, given, table = default_collate(batch)
+        assert tag == "entry" and given is batch and table is P.default_collate_fn_map
+        # a batch that is not a list (one object read by a dataset's __getitems__) reaches it as is
+        rows = Rows()
+        assert default_collate(rows)[1] is rows
+    finally:
+        del P.default_collate_fn_map[Base]

@@ -18,6 +18,7 @@ import torch
 
 from .._base import Holder, Node, layout
 from .._combine import COMBINING
+from .._dataset import rows
 from .._memmap import memmap
 from .._tags import Locked, Memmap, Shared, Tag
 from ._layout import record
@@ -117,6 +118,16 @@ class RecordOps(Holder):
         )
 
     # -- indexing and shapes (batch dims; views keep tags) ----------------------------------------
+
+    def __len__(self) -> builtins.int:
+        """The first batch dim: a tensorclass is a record, not a mapping, and a map-style dataset of its
+        rows (as tensordict's). TypeError when there are no batch dims, as ``len`` of a 0-d tensor."""
+        return rows(self)
+
+    def __getitems__(self, indices: Sequence[builtins.int]) -> Self:
+        """The rows ``indices`` in one index operation (torch's ``DataLoader`` asks a dataset for a batch
+        so): ``obj[indices]``, new storage, untagged."""
+        return self._wrap(self._td[indices])
 
     def __getitem__(self, index: Any) -> Self:
         """The batch elements at ``index`` (torch's indexing on the batch dims); views keep tags,
@@ -381,6 +392,15 @@ class RecordOps(Holder):
         The directory records the class and static fields: ``tdtree.load_memmap(prefix)`` gives this
         class back (only a tensorclass made in this process is accepted; nothing is imported)."""
         out = memmap(self._td, prefix, existsok, record=record(layout(self)))
+        return self._wrap(out)
+
+    def memmap_like(self, prefix: Any, existsok: builtins.bool = False) -> Self:
+        """An instance of this one's class, static fields and data shapes and dtypes, memmapped under
+        ``prefix`` and holding zeros: the files are created at their final size, no value passing
+        through memory (data fields may be meta tensors or expanded views). Tagged ``{Memmap, Locked}``;
+        fill it in place with ``obj.at[i:j].set_(chunk)``; ``tdtree.load_memmap(prefix)`` gives the
+        class back."""
+        out = memmap(self._td, prefix, existsok, record=record(layout(self)), values=False)
         return self._wrap(out)
 
     def lock(self) -> Self:
