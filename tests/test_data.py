@@ -325,10 +325,12 @@ def test_memmap_like_refuses_as_memmap_does_and_leaves_nothing(tmp_path: Any) ->
 _IMAGES = 50_000
 _CHUNK = 5_000
 
-_CREATE = """
-import json, resource, sys, torch, tdtree as tt
+_CREATE = r"""
+import json, re, sys, torch, tdtree as tt
 rows, chunk, prefix = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+# this process's peak resident set (VmHWM, KiB): getrusage's ru_maxrss would carry the parent's peak
+# over exec, so a large pytest process would hide the probe
+peak = lambda: int(re.search(r"VmHWM:\s+(\d+)", open("/proc/self/status").read()).group(1)) * 1024
 before = peak()
 spec = tt.TensorDict(
     {"image": torch.empty(rows, 3, 32, 32, dtype=torch.uint8, device="meta"),
