@@ -227,9 +227,10 @@ WORKS: dict[str, Callable[[Any], Any]] = {
     "custom_function_call": lambda x: _Sin.apply(x),
 }
 # Operators that check their operands or slice their leaves: torch takes the node to them now (no
-# __torch_function__ in the way), and then refuses it (cond, while_loop: builtin containers only) or
-# hands the body slices a node's batch size cannot hold (scan, associative_scan, map): tdtree.control
-# offers each under the same name, on nodes.
+# __torch_function__ in the way), and then refuses it (cond: builtin containers only; while_loop:
+# dynamo fails flattening the carry node it rebuilt, "no attribute '_data'") or hands the body slices
+# a node's batch size cannot hold (scan, associative_scan, map): tdtree.control offers each under
+# the same name, on nodes.
 NEEDS_CONTROL: dict[str, Callable[[Any], Any]] = {
     "cond": lambda x: torch.cond(torch.tensor(True), _sin, _sin, (x,)),
     "while_loop": lambda x: while_loop(lambda i, y: i < 2, lambda i, y: (i + 1, _sin(y)), (torch.tensor(0), x))[1],
