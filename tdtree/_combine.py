@@ -21,6 +21,7 @@ from . import _ops
 from ._base import Holder, Node, layout
 from ._maps import flat, map_leaves, paired_leaves, rebuild
 from ._tags import tag_rule
+from ._torch_private import through_higher_order
 from ._validate import dim_index
 from .errors import BatchDimError
 
@@ -206,7 +207,9 @@ def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     """The node version of ``func`` applied to ``args``, or NotImplemented for other torch functions.
 
     Handles ``torch.stack``/``cat``/``concat``/``concatenate`` and the ``*_like``
-    constructors, and a tensor's binary operators with a node on the right.
+    constructors, and a tensor's binary operators with a node on the right. A higher-order
+    operator (which only dynamo routes here) is handed back to torch, which takes the node as
+    the pytree it is, as it takes a dict (DESIGN §5.1).
     """
     impl = _OVERRIDES.get(func)
     if impl is not None:
@@ -214,4 +217,4 @@ def torch_function(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
     flipped = _REFLECTED.get(func)
     if flipped is not None and not kwargs and len(args) == 2 and isinstance(args[1], Node):
         return flipped(args[1], args[0])
-    return NotImplemented
+    return through_higher_order(func, args, kwargs)

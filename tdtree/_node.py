@@ -473,7 +473,9 @@ class TensorDict(Node):
     def __torch_function__(
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        """``torch.stack``/``cat``/``zeros_like``/``ones_like``/``full_like``/``empty_like`` on nodes; others decline."""
+        """``torch.stack``/``cat``/``zeros_like``/``ones_like``/``full_like``/``empty_like`` on nodes; a
+        higher-order operator (``checkpoint``, ``nested_compile_region``, ..., which only dynamo hands
+        here) goes back to torch unchanged; other functions decline."""
         return _combine.torch_function(func, args, kwargs)
 
     to = _device.to

@@ -26,17 +26,26 @@ Makefile pins).
   call) by ``tdtree.nn`` (``from_module``, ``functional_call``) as ``torch.func.functional_call``
   itself does; they are attributes of every module, so they are not re-exported here, and the test
   checks a module's call reads what is put in them.
+<<<<<<< HEAD
 * ``default_collate_fn_map`` (``torch.utils.data._utils.collate``): the table of element types that
   ``torch.utils.data.default_collate`` consults first. torch's own docstring of ``collate`` says to
   extend ``default_collate`` by adding to it in place; it has no public spelling. Nodes and
   tensorclasses are added there, so a ``DataLoader`` with its default ``collate_fn`` gives a node
   (an instance) per batch.
+=======
+* Which callables are higher-order operators (``torch._ops.HigherOrderOperator``), and how to call
+  one past ``__torch_function__`` overrides (``torch._C.DisableTorchFunctionSubclass``): dynamo asks
+  every argument's ``__torch_function__`` before tracing a higher-order operator (``cond``,
+  ``invoke_subgraph``, activation checkpointing, ...), a node included, where eager torch flattens
+  the node as a pytree and never asks it. A node hands such a call straight back to torch.
+>>>>>>> hop
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -57,7 +66,13 @@ __all__ = [
     "compile_counter",
     "graph_breaks",
     "torch_pytree",
+<<<<<<< HEAD
     "default_collate_fn_map",
+=======
+    "HigherOrderOperator",
+    "through_higher_order",
+    "dynamo_higher_order_operators",
+>>>>>>> hop
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a
@@ -110,12 +125,49 @@ def holds_data(storage: torch.UntypedStorage) -> bool:
     return guard_or_true(storage.nbytes() != 0)
 
 
+HigherOrderOperator = torch._ops.HigherOrderOperator
+
+
+def through_higher_order(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+    """``func(*args, **kwargs)`` with ``__torch_function__`` overrides off for the call, when ``func`` is a
+    higher-order operator; NotImplemented for any other function.
+
+    Only dynamo asks a node about a higher-order operator (eager torch flattens the node as a
+    pytree, so the operator sees its tensors and never asks): dynamo traces this call as the
+    operator itself, which takes the node as the pytree it is, as it takes a dict. The overrides
+    stay off while dynamo traces the operator's body, as they do for a tensor subclass whose
+    ``__torch_function__`` passes the operator on (torch's default for subclasses).
+    """
+    if not isinstance(func, HigherOrderOperator):
+        return NotImplemented
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **(kwargs or {}))
+
+
+def dynamo_higher_order_operators() -> list[str]:
+    """The names of the higher-order operators whose dynamo handler asks its arguments'
+    ``__torch_function__`` first (``TorchHigherOrderOperatorVariable.call_function``, inherited, not
+    overridden), sorted: the operators ``through_higher_order`` hands back to torch. For the test
+    that runs each with a node, so that a torch release adding one fails there, by name."""
+    # dynamo's handlers load with dynamo's tracer, not with every import of tdtree
+    import torch._higher_order_ops as hops
+    from torch._dynamo.variables import higher_order_ops as handlers
+
+    asks = handlers.TorchHigherOrderOperatorVariable.call_function
+    registry: dict[str, Any] = handlers._hop_name_to_variable_class  # name -> handler class
+    named = {name for name, handler in registry.items() if inspect.unwrap(handler.call_function) is asks}
+    # any other BaseHOP is traced by BaseHOPVariable, which asks as well
+    named |= {name for name, op in torch._ops._higher_order_ops.items() if isinstance(op, hops.BaseHOP)}
+    return sorted(named)
+
+
 nonstrict_trace = torch._dynamo.nonstrict_trace  # typed by torch: it keeps the function's signature
 
 
 def compile_counter(backend: str) -> Any:
-    """A ``torch.compile`` backend that compiles with the backend named ``backend`` and counts the
-    frames it compiles (``.frame_count``): how ``tdtree.testing.check_compiles`` sees recompiles."""
+    """A ``torch.compile`` backend that compiles with the backend named ``backend``, counts the
+    frames it compiles (``.frame_count``: how ``tdtree.testing.check_compiles`` sees recompiles) and
+    keeps the graphs dynamo hands it (``.graphs``)."""
     # torch's test helpers load only for the law that asks for them, not with every import of tdtree
     from torch._dynamo.testing import CompileCounterWithBackend
 

@@ -250,3 +250,65 @@ def test_default_collate_consults_default_collate_fn_map_first_by_type_then_by_s
         assert default_collate(rows)[1] is rows
     finally:
         del P.default_collate_fn_map[Base]
+
+
+def test_higher_order_operators_are_told_from_other_functions():
+    for op in (torch.ops.higher_order.cond, torch.ops.higher_order.invoke_subgraph, torch.ops.higher_order.wrap):
+        assert isinstance(op, P.HigherOrderOperator)
+    x = torch.randn(3)
+    for func in (torch.stack, torch.utils.checkpoint.checkpoint, torch.compiler.nested_compile_region, torch.sin):
+        assert not isinstance(func, P.HigherOrderOperator)
+        assert P.through_higher_order(func, (x,), None) is NotImplemented
+
+
+class _Logged(torch.Tensor):
+    calls: list[str] = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_through_higher_order_runs_the_operator_with_overrides_off():
+    from torch._higher_order_ops.wrap import wrap
+
+    x = torch.randn(3).as_subclass(_Logged)
+    enabled = []
+
+    def body(t):
+        enabled.append(torch._C._is_torch_function_enabled())
+        return t * 2
+
+    _Logged.calls.clear()
+    out = P.through_higher_order(wrap, (body, x), {})
+    assert _Logged.calls == [] and enabled == [False]  # nothing asked the subclass: neither wrap nor mul
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), x.as_subclass(torch.Tensor) * 2)
+    assert torch._C._is_torch_function_enabled()
+
+
+def test_dynamo_hands_a_node_the_higher_order_operators_it_routes_and_this_list_names_them(monkeypatch):
+    # why the node's __torch_function__ needs through_higher_order: dynamo (not eager torch) asks it,
+    # handing the operator itself; the list is dynamo's handler registry
+    from tdtree import _combine
+
+    seen = []
+
+    def recording(func, args, kwargs):
+        seen.append((type(func).__name__, isinstance(func, P.HigherOrderOperator)))
+        return P.through_higher_order(func, args, kwargs)
+
+    monkeypatch.setattr(_combine, "through_higher_order", recording)
+    td = tdtree.TensorDict({"a": torch.randn(3)}, [3])
+    fn = lambda t: torch.utils.checkpoint.checkpoint(lambda u: u * 2, t, use_reentrant=False)  # noqa: E731
+    fn(td)
+    assert seen == []  # eager: the operator flattens the node and never asks it
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True, backend="eager")(td)
+    torch.testing.assert_close(out["a"], td["a"] * 2)
+    # torch.utils.checkpoint.checkpoint, traced as the operator it becomes
+    assert seen == [(type(torch.ops.higher_order.tag_activation_checkpoint).__name__, True)]
+    names = P.dynamo_higher_order_operators()
+    assert {"invoke_subgraph", "tag_activation_checkpoint", "wrap", "cond", "scan"} <= set(names)
+    assert "wrap_with_autocast" not in names  # its handler does not ask: it overrides call_function
+    assert names == sorted(set(names))

@@ -21,6 +21,7 @@ from .._combine import COMBINING
 from .._dataset import rows
 from .._memmap import memmap
 from .._tags import Locked, Memmap, Shared, Tag
+from .._torch_private import through_higher_order
 from ._layout import record
 
 if TYPE_CHECKING:
@@ -444,10 +445,14 @@ class RecordOps(Holder):
         cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         """``torch.stack``/``cat`` of instances, ``torch.zeros_like`` & co., and ``tensor OP instance``:
-        the node's answer rewrapped; other functions decline."""
+        the node's answer rewrapped; a higher-order operator (only dynamo hands one here) goes back to
+        torch with the instances themselves; other functions decline."""
         combine = COMBINING.get(func)
         if combine is not None:
             return combine(*args, **(kwargs or {}))
+        passed = through_higher_order(func, args, kwargs)  # the operator calls its body with the instances
+        if passed is not NotImplemented:
+            return passed
         template = next((a for a in args if isinstance(a, RecordOps)), None)
         if template is None:
             return NotImplemented
