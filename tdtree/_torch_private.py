@@ -26,6 +26,16 @@ Makefile pins).
   call) by ``tdtree.nn`` (``from_module``, ``functional_call``) as ``torch.func.functional_call``
   itself does; they are attributes of every module, so they are not re-exported here, and the test
   checks a module's call reads what is put in them.
+* Whether a tensor's storage is memory torch shares between processes as it is
+  (``share_memory()`` copies nothing when every leaf's is): ``is_shared()`` is
+  also True for a storage mapped from a file (``torch.from_file``, a memmap,
+  private mappings included), which no process can be handed and whose private
+  writes no other process sees. Torch's shared memory is told from a file
+  mapping by ``UntypedStorage._get_shared_fd``: the file descriptor its own
+  shared memory keeps (``file_descriptor`` strategy), -1 for a file mapping, and
+  a RuntimeError for a storage with no such mapping, which for a shared cpu
+  storage means torch's managed shared memory (``file_system`` strategy); each
+  strategy sends only its own kind without moving it.
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
@@ -47,6 +57,7 @@ __all__ = [
     "storage_ids",
     "storage_id",
     "holds_data",
+    "in_shared_memory",
     "nonstrict_trace",
     "compile_counter",
     "graph_breaks",
@@ -101,6 +112,33 @@ def holds_data(storage: torch.UntypedStorage) -> bool:
     data, so the tag rule drops tags rather than claim them for new memory.
     """
     return guard_or_true(storage.nbytes() != 0)
+
+
+# a C method torch's stubs do not declare
+_shared_fd: Callable[[torch.UntypedStorage], int] = torch.UntypedStorage._get_shared_fd  # type: ignore[attr-defined]
+
+
+def in_shared_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s storage is shared memory torch hands to other processes without moving it.
+
+    True for CUDA tensors (torch shares them by IPC; ``is_shared()`` says so) and
+    for cpu storages in the shared memory of torch's current sharing strategy
+    (``share_memory_()``, or received from another process); False for a storage
+    mapped from a file, on another device, in private memory, or in the other
+    strategy's shared memory (sending it would move it).
+    """
+    if tensor.is_cuda:
+        return True
+    storage = tensor.untyped_storage()
+    if tensor.device.type != "cpu" or not storage.is_shared():
+        return False
+    # each sharing strategy sends its own kind of shared memory as it is, and moves any other storage
+    fd_strategy = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    try:
+        fd = _shared_fd(storage)
+    except RuntimeError:  # shared, and no fd-keeping mapping: torch's managed shared memory
+        return not fd_strategy
+    return fd_strategy and fd >= 0
 
 
 nonstrict_trace = torch._dynamo.nonstrict_trace  # typed by torch: it keeps the function's signature
