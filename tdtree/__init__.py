@@ -17,6 +17,10 @@ from ._combine import stack as stack
 from ._keys import NestedKey as NestedKey
 from ._node import TensorDict as TensorDict
 from ._ops import where as where
+
+# registers AdamState's rebuild with torch's safe globals, so that torch.load(weights_only=True) of an
+# optimiser state works in a process that has not imported tdtree.optim (imported on first use)
+from ._optstate import AdamState as _AdamState  # noqa: F401
 from ._serialize import load as load
 from ._serialize import save as save
 from ._tags import Locked as Locked

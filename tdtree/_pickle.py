@@ -7,6 +7,12 @@ nothing else. Unpickling makes the tags' claims true again: leaves of a
 and a ``Memmap`` node pickles by reference (each leaf as its directory, file
 index and view, see :func:`tdtree._memmap.reference`) and maps its files again,
 shared or private as it was. Leaves that hold no bytes travel by value.
+
+``nn.Parameter`` leaves (a :func:`tdtree.nn.from_module` node) pickle as
+Parameters, through torch's own reduction (its ``_rebuild_parameter``, which
+torch's ``weights_only`` unpickler accepts): they come back as Parameters
+with their ``requires_grad``, and through ``torch.multiprocessing`` in the
+same shared storage. A leaf of any other tensor subclass is refused on load.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from ._base import Node, make
 from ._memmap import reference, resolve
@@ -23,6 +30,11 @@ from ._validate import build
 from .errors import BatchSizeError, KeyCollisionError, SerializationError
 
 __all__ = ["reduce_node", "rebuild_node"]
+
+
+# what a pickled leaf may be: exactly these types (a subclass could run its own code on use), each
+# rebuilt by torch from tensors and plain metadata
+_LEAF_TYPES = (torch.Tensor, nn.Parameter)
 
 
 def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
@@ -54,7 +66,8 @@ def rebuild_node(
     """The node :func:`reduce_node` reduced, after the public constructor's validation.
 
     It is on torch's safe-globals list, so a hand-made pickle can call it with
-    anything: keys must be unique, sorted strs, one per value; the batch size
+    anything: keys must be unique, sorted strs, one per value, each a plain
+    tensor, an ``nn.Parameter`` or a node; the batch size
     must fit every leaf; tags and the node type must be known. Anything else
     raises SerializationError.
     """
@@ -84,9 +97,10 @@ def rebuild_node(
     if Memmap in tags:
         values = tuple(v if isinstance(v, Node) else resolve(v) for v in values)
     for k, v in zip(keys, values):
-        if type(v) is not torch.Tensor and not isinstance(v, Node):
+        if type(v) not in _LEAF_TYPES and not isinstance(v, Node):
             raise SerializationError(
-                f"cannot unpickle a {type_name} node: its value at {k!r} is a {type(v).__name__}, not a tensor or a node"
+                f"cannot unpickle a {type_name} node: its value at {k!r} is a {type(v).__name__}, "
+                "not a tensor, a Parameter or a node"
             )
     try:
         built = build(root, dict(zip(keys, values)), torch.Size(batch_size), None)

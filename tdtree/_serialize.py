@@ -9,6 +9,14 @@ and the list ``tensors`` of the other leaves. ``load`` reads it back with
 and never runs code found in the file, then checks every fact the JSON claims
 before building the node; packed leaves are views of the loaded buffer.
 
+Parameters: the file holds every leaf's values as plain tensors (``load``
+refuses anything else); the description lists the leaves that were
+``nn.Parameter`` (``"parameters"``) and the leaves that required grad
+(``"grad"``), and ``load`` makes them so again, so a
+:func:`tdtree.nn.from_module` node comes back as Parameters with their
+``requires_grad``. Both lists are optional (absent: none), so files written
+before them still load, and a reader that does not know them loads the values.
+
 Why packed: ``torch.load`` spends ~0.1 ms in Python on every tensor record of
 a file, so a model's few hundred weights cost more to unpickle than to read;
 one buffer is one record, whatever the number of leaves.
@@ -21,9 +29,11 @@ import os
 import pickle
 import secrets
 import zipfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
 
 from ._base import Node
 from ._keys import display
@@ -134,13 +144,21 @@ def _refused_leaf(value: torch.Tensor, seen: set[int]) -> str | None:
     return None
 
 
+def _indices(listed: object, what: str, corrupt: Callable[[str], Exception]) -> set[int]:
+    """The leaf indices of a description's list (sorted, distinct ints), or ``corrupt`` when it is not one."""
+    if type(listed) is not list or any(type(i) is not int or i < 0 for i in listed) or listed != sorted(set(listed)):
+        raise corrupt(f"malformed list of {what} leaves {str(listed)[:80]}")
+    return set(listed)
+
+
 def save(node: Node, path: str | os.PathLike[str]) -> None:
     """Write ``node`` to the file ``path``, replacing it atomically (written aside, then renamed).
 
     Leaves are saved as their values (detached; a view of a larger tensor as
     a compact copy) on their devices, cpu leaves of byte-laid-out dtypes in
-    one shared buffer; keys, batch sizes, devices and the
-    ``Locked`` tag are kept. Read it back with :func:`load`.
+    one shared buffer; keys, batch sizes, devices, the ``Locked`` tag, which
+    leaves are ``nn.Parameter`` and which require grad are kept. Read it back
+    with :func:`load`.
 
     Args:
         node: the node to save (any device; its tags do not matter, only ``Locked`` is recorded).
@@ -172,6 +190,8 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
         "tags": sorted(t.name for t in type(node)._tags),
         "tree": tree,
         "packed": packed,
+        "parameters": [i for i, (_, t) in enumerate(leaves) if type(t) is nn.Parameter],
+        "grad": [i for i, (_, t) in enumerate(leaves) if t.requires_grad],
     }
     in_buffer = set(packed)
     payload = {
@@ -204,7 +224,9 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
     Returns:
         A new node (fresh storage, the leaves saved in the packed buffer being
         disjoint views of one new storage) with the saved keys, values and batch sizes,
-        tagged ``Locked`` when the saved node was. ``Shared`` and ``Memmap``
+        tagged ``Locked`` when the saved node was. Leaves saved from an
+        ``nn.Parameter`` are Parameters again, and leaves that required grad
+        require it (each a leaf of autograd). ``Shared`` and ``Memmap``
         are claims about storage that a loaded file does not make: call
         ``share_memory()`` or ``memmap()`` on the result for them.
 
@@ -254,14 +276,9 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
     tag_names = doc.get("tags")
     if type(tag_names) is not list:
         raise corrupt(f"malformed tags {tag_names!r}")
-    packed_list = doc.get("packed")
-    if (
-        type(packed_list) is not list
-        or any(type(i) is not int for i in packed_list)
-        or packed_list != sorted(set(packed_list))
-    ):
-        raise corrupt(f"malformed list of packed leaves {str(packed_list)[:80]}")
-    packed = set(packed_list)
+    packed = _indices(doc.get("packed"), "packed", corrupt)
+    parameters = _indices(doc.get("parameters", []), "parameter", corrupt)
+    grad = _indices(doc.get("grad", []), "grad-requiring", corrupt)
     buffer = payload["packed"]
     if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
         raise corrupt(
@@ -276,6 +293,14 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
     apart = 0  # leaves taken from the list
 
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, key: tuple[str, ...]) -> torch.Tensor:
+        value = values(index, dtype, shape, key)
+        if index not in parameters and index not in grad:
+            return value
+        if index in grad and not (dtype.is_floating_point or dtype.is_complex):
+            raise corrupt(f"leaf {display(key)!r} of dtype {dtype} cannot require grad")
+        return nn.Parameter(value, requires_grad=index in grad) if index in parameters else value.requires_grad_()
+
+    def values(index: int, dtype: torch.dtype, shape: torch.Size, key: tuple[str, ...]) -> torch.Tensor:
         nonlocal offset, in_buffer, apart
         if index in packed:
             if not mappable(dtype):
@@ -311,4 +336,9 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
         raise corrupt(f"its packed buffer holds {buffer.numel()} bytes for {offset} bytes of leaves")
     if in_buffer != len(packed):
         raise corrupt(f"its list of packed leaves names {len(packed)} leaves, it holds {in_buffer}")
+    beyond = [i for i in parameters | grad if i >= in_buffer + apart]
+    if beyond:
+        raise corrupt(
+            f"its lists of parameters and grad-requiring leaves name leaf {beyond[0]}; it holds {in_buffer + apart}"
+        )
     return retag(node, frozenset({Locked}) if "Locked" in tag_names else frozenset())

@@ -1,10 +1,19 @@
-"""Shared memory: ``share_memory()`` copies a node's leaves into shared memory.
+"""Shared memory: ``share_memory()`` puts a node's leaves in shared memory.
 
-The copy is made once, leaf by leaf, like ``clone()``: the input is not
-changed, and leaves that were views of one storage become separate storages
-(a small view of a large tensor costs only its own bytes). The result is tagged
-``{Shared, Locked}`` on every sub-node: its storages are what other processes
-see, so writes to it must go in place (``update_``, ``copy_``, ``at[...].set_``).
+When every leaf holding data already lives in torch's shared memory (the
+leaves of ``module.share_memory()``, or a node received from another process),
+nothing is copied: the result holds the same leaves, tagged. Otherwise the
+copy is made once, leaf by leaf, like ``clone()``: the input is not changed,
+and leaves that were views of one storage become separate storages (a small
+view of a large tensor costs only its own bytes). Either way the result is
+tagged ``{Shared, Locked}`` on every sub-node: its storages are what other
+processes see, so writes to it must go in place (``update_``, ``copy_``,
+``at[...].set_``).
+
+A copy is a new leaf of autograd, not a step autograd records (a recorded
+copy is not a leaf, and torch refuses to send a non-leaf that requires grad to
+another process): it keeps the input leaf's ``requires_grad``, and a copy of
+an ``nn.Parameter`` is an ``nn.Parameter``.
 """
 
 from __future__ import annotations
@@ -12,10 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from ._base import Node
-from ._maps import map_leaves
-from ._tags import Locked, Shared, retag
+from ._maps import leaves, map_leaves
+from ._tags import Locked, Shared, retag, storage_key
+from ._torch_private import in_shared_memory
 
 __all__ = ["share_memory"]
 
@@ -25,29 +36,55 @@ _SHARED_LOCKED = frozenset({Shared, Locked})
 def _shared_copy(leaf: torch.Tensor) -> torch.Tensor:
     # A CPU clone is moved into shared memory; a CUDA clone is already
     # shareable (share_memory_ is a no-op there and is_shared() is True).
-    return leaf.clone().share_memory_()
+    copy = leaf.detach().clone().share_memory_()
+    if isinstance(leaf, nn.Parameter):
+        return nn.Parameter(copy, requires_grad=leaf.requires_grad)
+    return copy.requires_grad_() if leaf.requires_grad else copy
+
+
+def _sendable(leaf: torch.Tensor) -> bool:
+    """Whether ``leaf`` can be handed to other processes as it is: no autograd history (torch refuses to
+    send a non-leaf that requires grad), and its data, if any, in torch's shared memory."""
+    if leaf.requires_grad and not leaf.is_leaf:
+        return False
+    return storage_key(leaf) is None or in_shared_memory(leaf)
 
 
 def share_memory(node: Node) -> Any:
-    """A copy of ``node`` whose leaves live in shared memory, tagged ``{Shared, Locked}``.
+    """``node`` with its leaves in shared memory, tagged ``{Shared, Locked}``: its own leaves when they
+    already are, else a copy.
 
-    The tags are set, not decided by the rule: every leaf is new storage, and
-    the copy makes the ``Shared`` claim true whatever the input's tags were (a
-    ``Memmap`` input gives ``{Shared, Locked}``). Passing the result to
-    ``torch.multiprocessing`` workers hands them the same storages, so their
-    in-place writes are seen here.
+    The tags are set, not decided by the rule: the ``Shared`` claim is made true
+    whatever the input's tags were. When every leaf that holds data is in
+    torch's shared memory (``share_memory_()`` of a tensor or module, a tensor
+    received from another process, CUDA memory) and none has autograd history,
+    the result holds those same leaves, as ``Tensor.share_memory_()`` leaves a
+    shared tensor where it is. Otherwise every leaf is copied into new shared
+    memory, detached, with the input leaf's ``requires_grad`` and
+    ``nn.Parameter`` type. Leaves mapped from files (``memmap()``,
+    ``torch.from_file``) are copied: ``is_shared()`` is True for them, but they
+    cannot be sent to other processes (a ``Memmap`` input gives
+    ``{Shared, Locked}``). Passing the result to ``torch.multiprocessing``
+    workers hands them the same storages, so their in-place writes are seen
+    here, and writes here (under ``torch.no_grad()`` for leaves that require
+    grad) are seen there.
 
     Args:
         node: the node (``self`` as a method); it is not changed.
 
     Returns:
-        A new node of copies of the leaves in shared memory, tagged ``{Shared, Locked}`` on every
-        sub-node (set, not kept: only ``update_``, ``copy_``, ``at[...].set_`` write into it).
+        A node tagged ``{Shared, Locked}`` on every sub-node (set, not kept: only
+        ``update_``, ``copy_``, ``at[...].set_`` write into it): the input's leaves,
+        or new copies of them in shared memory.
 
     Example:
         >>> import torch, tdtree as tt
         >>> td = tt.TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]).share_memory()
         >>> td["x"].is_shared(), sorted(t.name for t in td.tags)
         (True, ['Locked', 'Shared'])
+        >>> td.unlock().share_memory()["x"] is td["x"]  # already shared: nothing copied
+        True
     """
+    if all(map(_sendable, leaves(node))):
+        return retag(node, _SHARED_LOCKED)
     return retag(map_leaves(_shared_copy, node), _SHARED_LOCKED)

@@ -26,19 +26,26 @@ Makefile pins).
   call) by ``tdtree.nn`` (``from_module``, ``functional_call``) as ``torch.func.functional_call``
   itself does; they are attributes of every module, so they are not re-exported here, and the test
   checks a module's call reads what is put in them.
-<<<<<<< HEAD
 * ``default_collate_fn_map`` (``torch.utils.data._utils.collate``): the table of element types that
   ``torch.utils.data.default_collate`` consults first. torch's own docstring of ``collate`` says to
   extend ``default_collate`` by adding to it in place; it has no public spelling. Nodes and
   tensorclasses are added there, so a ``DataLoader`` with its default ``collate_fn`` gives a node
   (an instance) per batch.
-=======
 * Which callables are higher-order operators (``torch._ops.HigherOrderOperator``), and how to call
   one past ``__torch_function__`` overrides (``torch._C.DisableTorchFunctionSubclass``): dynamo asks
   every argument's ``__torch_function__`` before tracing a higher-order operator (``cond``,
   ``invoke_subgraph``, activation checkpointing, ...), a node included, where eager torch flattens
   the node as a pytree and never asks it. A node hands such a call straight back to torch.
->>>>>>> hop
+* Whether a tensor's storage is memory torch shares between processes as it is
+  (``share_memory()`` copies nothing when every leaf's is): ``is_shared()`` is
+  also True for a storage mapped from a file (``torch.from_file``, a memmap,
+  private mappings included), which no process can be handed and whose private
+  writes no other process sees. Torch's shared memory is told from a file
+  mapping by ``UntypedStorage._get_shared_fd``: the file descriptor its own
+  shared memory keeps (``file_descriptor`` strategy), -1 for a file mapping, and
+  a RuntimeError for a storage with no such mapping, which for a shared cpu
+  storage means torch's managed shared memory (``file_system`` strategy); each
+  strategy sends only its own kind without moving it.
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
@@ -62,17 +69,15 @@ __all__ = [
     "storage_ids",
     "storage_id",
     "holds_data",
+    "in_shared_memory",
     "nonstrict_trace",
     "compile_counter",
     "graph_breaks",
     "torch_pytree",
-<<<<<<< HEAD
     "default_collate_fn_map",
-=======
     "HigherOrderOperator",
     "through_higher_order",
     "dynamo_higher_order_operators",
->>>>>>> hop
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a
@@ -159,6 +164,33 @@ def dynamo_higher_order_operators() -> list[str]:
     # any other BaseHOP is traced by BaseHOPVariable, which asks as well
     named |= {name for name, op in torch._ops._higher_order_ops.items() if isinstance(op, hops.BaseHOP)}
     return sorted(named)
+
+
+# a C method torch's stubs do not declare
+_shared_fd: Callable[[torch.UntypedStorage], int] = torch.UntypedStorage._get_shared_fd  # type: ignore[attr-defined]
+
+
+def in_shared_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s storage is shared memory torch hands to other processes without moving it.
+
+    True for CUDA tensors (torch shares them by IPC; ``is_shared()`` says so) and
+    for cpu storages in the shared memory of torch's current sharing strategy
+    (``share_memory_()``, or received from another process); False for a storage
+    mapped from a file, on another device, in private memory, or in the other
+    strategy's shared memory (sending it would move it).
+    """
+    if tensor.is_cuda:
+        return True
+    storage = tensor.untyped_storage()
+    if tensor.device.type != "cpu" or not storage.is_shared():
+        return False
+    # each sharing strategy sends its own kind of shared memory as it is, and moves any other storage
+    fd_strategy = torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    try:
+        fd = _shared_fd(storage)
+    except RuntimeError:  # shared, and no fd-keeping mapping: torch's managed shared memory
+        return not fd_strategy
+    return fd_strategy and fd >= 0
 
 
 nonstrict_trace = torch._dynamo.nonstrict_trace  # typed by torch: it keeps the function's signature

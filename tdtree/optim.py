@@ -14,11 +14,16 @@ is not recorded by autograd: the new parameters do not require grad.
 
 The steps match ``torch.optim.SGD`` (momentum, no dampening or Nesterov) and
 ``torch.optim.Adam`` (no weight decay, no amsgrad) step for step.
+
+States save and load as parameters do: SGD's momentum is a tree like the
+parameters; an :class:`AdamState` loads with ``torch.load(weights_only=True)``
+once ``tdtree`` is imported (it is defined in ``tdtree._optstate``, which
+``import tdtree`` loads, and pickles as a function on torch's safe-globals list).
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -26,21 +31,13 @@ from ._base import Node
 from ._foreach import foreach
 from ._maps import flat, unflat
 from ._maps import leaves as node_leaves
+from ._optstate import AdamState
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
 from .tree import flatten, leaves, unflatten
 from .tree import map as tree_map
 
 __all__ = ["AdamState", "adam", "adam_init", "sgd"]
-
-
-class AdamState(NamedTuple):
-    """Adam's state: the step count (a 0-dim float tensor, so a compiled step
-    does not recompile as it grows) and the two moment trees."""
-
-    step: torch.Tensor
-    exp_avg: Any
-    exp_avg_sq: Any
 
 
 # A node's leaves and structure come from a walk of its ``_data`` (``_maps``): optree calls back into

@@ -3,7 +3,9 @@
 A node from ``share_memory()`` handed to a worker arrives tagged, with its
 leaves in the same shared storages, so in-place writes on either side
 (``update_``, ``fill_``, ``at[idx].set_``, also through a view ``td[i]``) are
-seen on the other. Workers live at module level so that spawned children can import
+seen on the other. Model weights (``tdtree.nn.from_module``) reach workers
+as torch's own shared module and dict of Parameters do, and the parent's
+in-place updates are seen there (torchrl's weight sync). Workers live at module level so that spawned children can import
 them; every join is bounded and a stuck worker fails the test by name.
 """
 
@@ -14,8 +16,10 @@ import queue as queue_mod
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch import nn
 
 import tdtree as tt
+from tdtree.nn import from_module, functional_call
 
 CONTEXTS = ["spawn", "fork"]
 TIMEOUT = 120.0
@@ -140,3 +144,68 @@ def test_workers_write_disjoint_rows_nothing_lost(method: str) -> None:
     torch.testing.assert_close(td["n", "step"], steps[..., None].expand(*shape, 2))
     assert bool(td["done"].all())
     assert type(td) is tt.TensorDict[tt.Locked, tt.Shared]
+
+
+def _weights() -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    m[0].bias.requires_grad_(False)
+    return m
+
+
+def _facts(pairs) -> dict[str, tuple[str, bool, bool, bool]]:
+    return {
+        ".".join(k) if isinstance(k, tuple) else k: (type(v).__name__, v.requires_grad, v.is_leaf, v.is_shared())
+        for k, v in pairs
+    }
+
+
+def _weights_worker(shared: tt.TensorDict, ref: nn.Module, inbox: mp.Queue, out: mp.Queue, go: mp.Event) -> None:
+    got, ref_got = inbox.get(timeout=TIMEOUT)
+    kept = got.share_memory()  # what arrives is in shared memory: kept, not copied
+    out.put(
+        (
+            _tags(shared),
+            _facts(shared.items(include_nested=True, leaves_only=True)),
+            _facts(ref.named_parameters()),
+            _facts(got.items(include_nested=True, leaves_only=True)),
+            _facts(ref_got.items()),
+            all(kept[k] is v for k, v in got.items(include_nested=True, leaves_only=True)),
+        )
+    )
+    go.wait(TIMEOUT)
+    x = torch.linspace(-1, 1, 6).view(2, 3)
+    with torch.no_grad():  # as lists: a tensor sent through a queue needs its sender alive to arrive
+        out.put((functional_call(ref, shared, x).tolist(), ref(x).tolist()))
+
+
+@pytest.mark.parametrize("method", CONTEXTS)
+def test_weights_reach_workers_and_in_place_updates_are_seen(method: str) -> None:
+    ctx = mp.get_context(method)
+    shared = from_module(_weights()).share_memory()
+    ref = _weights().share_memory()  # plain torch: a shared module handed to the worker
+    inbox, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    proc = ctx.Process(target=_weights_worker, args=(shared, ref, inbox, out, go))
+    proc.start()
+    try:
+        sent = _weights()
+        inbox.put((from_module(sent), dict(sent.named_parameters())))
+        tags, facts, ref_facts, got, ref_got, kept = _get(out, "the worker's view of the weights")
+        assert tags == ["Locked", "Shared"]
+        assert facts == ref_facts and got == ref_got
+        assert facts["0.weight"] == ("Parameter", True, True, True) and facts["0.bias"][:2] == ("Parameter", False)
+        assert kept, "the worker's share_memory() copied leaves that were already in shared memory"
+        new = _weights().apply(lambda mod: nn.init.normal_(mod.weight) if isinstance(mod, nn.Linear) else None)
+        with torch.no_grad():  # the parent's update, in place: the worker sees it
+            shared.update_(from_module(new))
+            for p, q in zip(ref.parameters(), new.parameters()):
+                p.copy_(q)
+        go.set()
+        y, ref_y = _get(out, "the worker's outputs")
+    finally:
+        go.set()
+        _join([proc], f"{method} weights")
+    x = torch.linspace(-1, 1, 6).view(2, 3)
+    with torch.no_grad():
+        expected = new(x)
+    assert y == ref_y == expected.tolist()

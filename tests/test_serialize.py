@@ -257,6 +257,13 @@ def rewrite(path, fn):
         ),
         (lambda d, p: d["tree"].update(device="nowhere"), r"unknown device 'nowhere'"),
         (lambda d, p: d["tree"].update(device="meta"), r"the root node is on meta but its leaf 'a' is on cpu"),
+        (lambda d, p: d.update(parameters="a"), r"malformed list of parameter leaves a"),
+        (lambda d, p: d.update(grad=[2, 0]), r"malformed list of grad-requiring leaves \[2, 0\]"),
+        (lambda d, p: d.update(grad=[1]), r"leaf 'b' of dtype torch.int64 cannot require grad"),
+        (
+            lambda d, p: d.update(parameters=[0, 5]),
+            r"lists of parameters and grad-requiring leaves name leaf 5; it holds 3",
+        ),
     ],
     ids=[
         "version",
@@ -274,6 +281,10 @@ def rewrite(path, fn):
         "batch",
         "device",
         "device-leaf",
+        "parameters-list",
+        "grad-order",
+        "grad-int",
+        "parameters-beyond",
     ],
 )
 def test_descriptions_that_do_not_fit(tmp_path, edit, message):

@@ -312,3 +312,26 @@ def test_dynamo_hands_a_node_the_higher_order_operators_it_routes_and_this_list_
     assert {"invoke_subgraph", "tag_activation_checkpoint", "wrap", "cond", "scan"} <= set(names)
     assert "wrap_with_autocast" not in names  # its handler does not ask: it overrides call_function
     assert names == sorted(set(names))
+
+
+def test_in_shared_memory_tells_torch_shared_memory_from_mapped_files(tmp_path):
+    # UntypedStorage._get_shared_fd: the fd torch's shared memory keeps (file_descriptor strategy), -1 for
+    # a mapped file, RuntimeError for a storage with no fd-keeping mapping (managed shared memory included)
+    (tmp_path / "f").write_bytes(bytes(16))
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
+    shared = torch.ones(4).share_memory_()
+    assert shared.untyped_storage()._get_shared_fd() >= 0
+    assert P.in_shared_memory(shared) and P.in_shared_memory(shared[1:])
+    assert not P.in_shared_memory(torch.ones(4))
+    for mode in (True, False):  # is_shared() says True for mapped files: the test must not
+        mapped = torch.from_file(str(tmp_path / "f"), shared=mode, size=4)
+        assert mapped.is_shared() and mapped.untyped_storage()._get_shared_fd() == -1
+        assert not P.in_shared_memory(mapped)
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        managed = torch.ones(4).share_memory_()
+        assert managed.is_shared() and P.in_shared_memory(managed)
+        assert not P.in_shared_memory(shared)  # sending it under this strategy would move it
+    finally:
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+    assert not P.in_shared_memory(managed)
