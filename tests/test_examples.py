@@ -49,3 +49,17 @@ def test_ensemble_example_matches_torch() -> None:
     assert lines[2].startswith("5 Adam steps inside torch.func.vmap: max abs difference from torch.optim.Adam: ")
     assert lines[3].startswith("per-sample gradients of 64 samples, batch_size (64,): max abs difference")
     assert all(float(line.rsplit(" ", 1)[1]) < 1e-5 for line in lines)
+
+
+def test_gae_scan_example_matches_the_loop() -> None:
+    """examples/gae_scan.py: the reverse tdtree.control.scan equals the Python loop, eager and compiled."""
+    path = os.path.join(os.path.dirname(EXAMPLE), "gae_scan.py")
+    root = os.path.dirname(os.path.dirname(path))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "rollout batch_size (128, 16): advantages by reverse scan"
+    assert float(lines[1].rsplit(" ", 1)[1]) < 1e-5
+    assert float(lines[2].rsplit(" ", 1)[1]) < 1e-5
+    assert lines[3].startswith("time: Python loop ")
