@@ -195,12 +195,20 @@ def test_scan_shapes_batch_sizes() -> None:
     torch.testing.assert_close(carry["s"], s["a"].sum(0))
 
 
+def _grad_step(carry: torch.Tensor, x: Any) -> tuple[torch.Tensor, Any]:
+    """A body torch's compiled scan takes gradients through over dicts: it refuses (over dicts too) one that
+    returns a copy of an input, or outputs computed from the new carry."""
+    y = {"y": get(x, "b") * carry}
+    carry = carry * 0.5 + get(x, "a")
+    return carry, y if isinstance(x, dict) else tt.TensorDict(y, batch_size=x.batch_size)
+
+
 # dynamo, tracing torch's eager scan over the node's leaves, warns that it reads .grad of a non-leaf
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
-@pytest.mark.parametrize("mode", ["eager"])
+@pytest.mark.parametrize("mode", ["eager", "aot_eager"])
 def test_scan_gradients_match_dicts(mode: str) -> None:
     def loss(c: Any, s: Any) -> torch.Tensor:
-        carry, ys = prog_scan_reverse(c, s)
+        carry, ys = c.scan(_grad_step, torch.zeros(B), s, reverse=True)
         return carry.sum() + sum(t.sum() for t in plain(ys))
 
     d1 = {k: v.requires_grad_() for k, v in data().items()}
