@@ -27,10 +27,7 @@ Makefile pins).
   itself does; they are attributes of every module, so they are not re-exported here, and the test
   checks a module's call reads what is put in them.
 * For ``tdtree.control``: ``scan``, ``associative_scan`` and ``map``, which torch offers only under
-  ``torch._higher_order_ops`` (``cond`` and ``while_loop`` are public), and a fake-tensor run, how
-  ``tdtree.control`` learns what a body returns (its structure, shapes and dtypes) without
-  computing it: ``FakeTensorMode`` is torch's own shape-only tracing, and it takes the tensors a
-  body closes over as they come.
+  ``torch._higher_order_ops`` (``cond`` and ``while_loop`` are public).
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
@@ -46,7 +43,6 @@ from torch._C import _functorch
 from torch._higher_order_ops import associative_scan as associative_scan
 from torch._higher_order_ops import map as hop_map
 from torch._higher_order_ops import scan as scan
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 __all__ = [
@@ -63,7 +59,6 @@ __all__ = [
     "scan",
     "associative_scan",
     "hop_map",
-    "fake_run",
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a
@@ -131,12 +126,3 @@ def compile_counter(backend: str) -> Any:
 def graph_breaks() -> int:
     """How many graph breaks dynamo has counted in this process (``torch._dynamo.utils.counters``)."""
     return sum(torch._dynamo.utils.counters["graph_break"].values())
-
-
-def fake_run(fn: Callable[[list[Any]], Any], tensors: list[Any]) -> Any:
-    """``fn`` called on fake copies of ``tensors`` (their shapes, dtypes and devices, no data): what
-    it returns, in fake tensors, computed without computing. Tensors ``fn`` closes over are faked
-    as it meets them."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        return fn([mode.from_tensor(t) for t in tensors])

@@ -9,9 +9,10 @@ operators take.
 How: torch is handed the flat leaves (nodes flattened in the ``"tdtree"`` namespace) and a body
 that rebuilds the nodes around them, calls the user's function and flattens what it returns. The
 structure of a carry is its input's; the structure of every other output is learned before torch
-runs, by calling the body once on fake tensors (torch's shape-only tracing: no data, no compute),
-or, under ``torch.compile`` or a ``torch.func`` transform, once on the traced inputs, whose
-unused results the compiler drops. That run also checks that a carry keeps its input's
+runs, by calling the body once, without gradients, on the first slice (``scan``, ``map``,
+``associative_scan``) or on the operands (both branches of ``cond``, one step of
+``while_loop``): one more step of the loop in eager, dropped from the compiled graph by the
+aot_eager and inductor backends. That run also checks that a carry keeps its input's
 structure, so a body that loses a key or changes a batch size, shape or dtype gets a
 :class:`~tdtree.errors.ControlFlowError` naming the key, before torch's own check.
 
@@ -103,13 +104,14 @@ def _unaliased(inputs: Sequence[Any], outs: list[Any]) -> list[Any]:
 
 
 def _probe(fn: Callable[[list[Any]], Any], tensors: list[Any]) -> Any:
-    """What ``fn(tensors)`` returns, for its structure, shapes and dtypes: run on fake tensors in eager;
-    under ``torch.compile`` or a transform on the tensors themselves, without gradients (a compiled
-    graph drops the unused results)."""
-    if torch.compiler.is_compiling() or _private.transforms_active():
-        with torch.no_grad():
-            return fn(tensors)
-    return _private.fake_run(fn, tensors)
+    """What ``fn(tensors)`` returns, for its structure, shapes and dtypes: one run without gradients.
+
+    A run on the tensors themselves (a first slice for a scan or map) costs one step of the loop;
+    fake or meta tensors would save the arithmetic but cost far more per operation than the small
+    steps these loops are made of, and fail on tensors the body closes over. Under ``torch.compile``
+    the run is traced and its unused results are dropped by the aot_eager and inductor backends."""
+    with torch.no_grad():
+        return fn(tensors)
 
 
 def _entries(node: Node, prefix: str, out: dict[str, str]) -> None:
