@@ -278,3 +278,21 @@ def test_check_compiles_accepts_control_flow() -> None:
         backend="eager",
         settings=hypothesis.settings(max_examples=2, deadline=None),
     )
+
+
+def test_while_loop_carry_of_another_structure_is_named() -> None:
+    s = tt.TensorDict({"x": torch.ones(B), "n": torch.tensor(0)})
+    with pytest.raises(ControlFlowError, match=r"\['n'\].*missing"):
+        tt.control.while_loop(lambda s: s["n"] < 3, lambda s: (s.exclude("n"),), (s,))
+
+
+def test_compiled_carry_error_names_the_error_and_key() -> None:
+    """torch lets no exception leave a fullgraph frame: under torch.compile the user gets dynamo's
+    Unsupported, whose message names ControlFlowError and the key."""
+    init = tt.TensorDict({"a": torch.zeros(B), "b": torch.zeros(B)}, [B])
+    f = torch.compile(
+        lambda s: tt.control.scan(lambda c, x: (c.exclude("b"), x["a"]), init, s), backend="eager", fullgraph=True
+    )
+    with pytest.raises(Exception) as err:
+        f(make("node", data()))
+    assert "ControlFlowError" in str(err.value) and "['b']" in str(err.value)
