@@ -101,7 +101,7 @@ def fresh_dynamo():
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.name)
 def test_control_eager(row: Row, kind: str) -> None:
-    @settings(max_examples=3, deadline=None)
+    @settings(max_examples=2, deadline=None)
     @given(M.SPECS)
     def cell(spec: tuple[int, ...]) -> None:
         x, d, bs = _input(kind, spec)

@@ -125,9 +125,7 @@ def nodes_in(x: Any) -> list[Any]:
 
 def run(prog: Callable[[Any, Any], Any], control: Any, mode: str) -> Callable[[Any], Any]:
     fn = lambda s: prog(control, s)  # noqa: E731
-    if mode == "eager":
-        return fn
-    return torch.compile(fn, backend="eager" if mode == "eager_backend" else mode, fullgraph=True)
+    return fn if mode == "eager" else torch.compile(fn, backend=mode, fullgraph=True)
 
 
 @pytest.fixture(autouse=True)
@@ -167,19 +165,7 @@ def test_eager_matches_torch_over_dicts(name: str, kind: str) -> None:
     check_program(name, kind, "eager")
 
 
-@pytest.mark.parametrize("name", list(PROGRAMS))
-def test_compiled_eager_backend_matches(name: str) -> None:
-    check_program(name, "node", "eager_backend")
-
-
-@pytest.mark.parametrize(
-    ("name", "kind"),
-    [("cond", "tagged"), ("while_loop", "tc"), ("scan_reverse", "node"), ("associative_scan", "tagged"), ("map", "tc")],
-)
-def test_compiled_aot_eager_matches(name: str, kind: str) -> None:
-    check_program(name, kind, "aot_eager")
-
-
+# compiled with the eager and aot_eager backends, on every kind of input: property_tests/test_control_matrix.py
 @pytest.mark.parametrize("name", ["cond", "scan"])
 def test_compiled_inductor_matches(name: str) -> None:
     check_program(name, "node", "inductor")
