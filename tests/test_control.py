@@ -282,3 +282,17 @@ def test_compiled_carry_error_names_the_error_and_key() -> None:
     with pytest.raises(Exception) as err:
         f(make("node", data()))
     assert "ControlFlowError" in str(err.value) and "['b']" in str(err.value)
+
+
+def test_scan_and_associative_scan_inside_vmap_match_dicts() -> None:
+    """tt.vmap over nodes runs them as torch.func.vmap runs torch's operators over dicts."""
+    batched = {k: torch.stack([v, v * 2]) for k, v in data().items()}
+    node = tt.TensorDict(batched, [2, T, B])
+    got = tt.vmap(lambda s: prog_associative_scan(tt.control, s))(node)
+    want = torch.func.vmap(lambda d: prog_associative_scan(TORCH, d))(batched)
+    assert got.batch_size == (2, T, B)
+    carry, ys = tt.vmap(lambda s: tt.control.scan(_grad_step, get(s, "a")[0] * 0, s))(node)
+    carry_d, ys_d = torch.func.vmap(lambda d: TORCH.scan(_grad_step, d["a"][0] * 0, d))(batched)
+    assert ys.batch_size == (2, T, B)
+    for w, h in zip(plain((want, carry_d, ys_d)), plain((got, carry, ys))):
+        torch.testing.assert_close(h, w)
