@@ -296,3 +296,17 @@ def test_scan_and_associative_scan_inside_vmap_match_dicts() -> None:
     assert ys.batch_size == (2, T, B)
     for w, h in zip(plain((want, carry_d, ys_d)), plain((got, carry, ys))):
         torch.testing.assert_close(h, w)
+
+
+def test_cond_inside_vmap_matches_dicts() -> None:
+    """Under vmap with a batched predicate torch's cond runs both branches and keeps one output tensor
+    (its batching rule takes the first), for dicts too: a one-entry output."""
+
+    want = torch.func.vmap(
+        lambda d: TORCH.cond(d["a"].sum() > 0, lambda d: {"a": d["a"] * 2}, lambda d: {"a": d["a"] + 1}, (d,))
+    )(data())
+    got = tt.vmap(
+        lambda s: tt.control.cond(s["a"].sum() > 0, lambda s: s.select("a") * 2, lambda s: s.select("a") + 1, (s,))
+    )(make("node", data()))
+    assert got.batch_size == (T, B)
+    torch.testing.assert_close(got["a"], want["a"])
