@@ -221,3 +221,16 @@ def test_module_dicts_hold_the_tensors_a_call_reads():
         assert torch.equal(lin[0](torch.randn(3, 2)), torch.ones(3, 2))
     finally:
         lin[0]._parameters["weight"] = old
+
+
+def test_control_flow_operators_keep_their_signatures():
+    """tdtree.control calls torch's scan, associative_scan and map with these parameters."""
+    assert list(inspect.signature(P.scan).parameters) == ["combine_fn", "init", "xs", "dim", "reverse"]
+    assert list(inspect.signature(P.associative_scan).parameters) == [
+        "combine_fn",
+        "xs",
+        "dim",
+        "reverse",
+        "combine_mode",
+    ]
+    assert list(inspect.signature(P.hop_map).parameters)[:2] == ["f", "xs"]
