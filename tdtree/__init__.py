@@ -8,6 +8,7 @@ not pay for them.
 import importlib
 from typing import Any
 
+from . import control as control
 from . import errors as errors
 from . import tree as tree
 

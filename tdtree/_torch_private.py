@@ -46,6 +46,8 @@ Makefile pins).
   a RuntimeError for a storage with no such mapping, which for a shared cpu
   storage means torch's managed shared memory (``file_system`` strategy); each
   strategy sends only its own kind without moving it.
+* For ``tdtree.control``: ``scan``, ``associative_scan`` and ``map``, which torch offers only under
+  ``torch._higher_order_ops`` (``cond`` and ``while_loop`` are public).
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 """
@@ -59,6 +61,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 from torch._C import _functorch
+from torch._higher_order_ops import associative_scan as associative_scan
+from torch._higher_order_ops import map as hop_map
+from torch._higher_order_ops import scan as scan
 from torch.fx.experimental.symbolic_shapes import guard_or_true
 from torch.utils.data._utils.collate import default_collate_fn_map
 
@@ -78,6 +83,9 @@ __all__ = [
     "HigherOrderOperator",
     "through_higher_order",
     "dynamo_higher_order_operators",
+    "scan",
+    "associative_scan",
+    "hop_map",
 ]
 
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a

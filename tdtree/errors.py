@@ -15,6 +15,7 @@ from collections.abc import Iterable
 __all__ = [
     "BatchDimError",
     "BatchSizeError",
+    "ControlFlowError",
     "FieldError",
     "KeyCollisionError",
     "KeyMismatchError",
@@ -176,6 +177,22 @@ class StructureMismatchError(ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return type(self), (self.op, self.differences)
+
+
+class ControlFlowError(ValueError):
+    """A body given to ``tdtree.control`` returned another structure than the operator needs: a carry
+    that is not its input's (a key missing or new, another batch size, shape or dtype), or branches
+    of ``cond`` that differ. Raised before torch runs the operator; the message names each key that
+    differs, and ``differences`` holds those lines."""
+
+    def __init__(self, op: str, what: str, differences: Iterable[str]) -> None:
+        self.op = op
+        self.what = what
+        self.differences = tuple(differences)
+        self.args = (f"tdtree.control.{op}: {what}: " + "; ".join(self.differences),)
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.op, self.what, self.differences)
 
 
 class FieldError(TypeError):

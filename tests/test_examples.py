@@ -16,6 +16,16 @@ import sys
 EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "distributed.py")
 
 
+def _run_example(name: str) -> list[str]:
+    """The lines examples/``name`` prints, run in a process of its own with the repository importable."""
+    path = os.path.join(os.path.dirname(EXAMPLE), name)
+    root = os.path.dirname(os.path.dirname(path))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
 def test_distributed_example_under_torchrun() -> None:
     world = 3
     done = subprocess.run(
@@ -38,14 +48,18 @@ def test_distributed_example_under_torchrun() -> None:
 
 def test_ensemble_example_matches_torch() -> None:
     """examples/ensemble.py asserts its own differences; here it must run and report all four checks."""
-    path = os.path.join(os.path.dirname(EXAMPLE), "ensemble.py")
-    root = os.path.dirname(os.path.dirname(path))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=180, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
+    lines = _run_example("ensemble.py")
     assert lines[0].startswith("ensemble of 5 MLPs, batch_size (5,): predictions (5, 64, 3)")
     assert lines[1].startswith("5 Adam steps inside tdtree.vmap: max abs difference from torch.optim.Adam: ")
     assert lines[2].startswith("5 Adam steps inside torch.func.vmap: max abs difference from torch.optim.Adam: ")
     assert lines[3].startswith("per-sample gradients of 64 samples, batch_size (64,): max abs difference")
     assert all(float(line.rsplit(" ", 1)[1]) < 1e-5 for line in lines)
+
+
+def test_gae_scan_example_matches_the_loop() -> None:
+    """examples/gae_scan.py: the reverse tdtree.control.scan equals the Python loop, eager and compiled."""
+    lines = _run_example("gae_scan.py")
+    assert lines[0] == "rollout batch_size (128, 16): advantages by reverse scan"
+    assert float(lines[1].rsplit(" ", 1)[1]) < 1e-5
+    assert float(lines[2].rsplit(" ", 1)[1]) < 1e-5
+    assert lines[3].startswith("time: Python loop ")

@@ -335,3 +335,16 @@ def test_in_shared_memory_tells_torch_shared_memory_from_mapped_files(tmp_path):
     finally:
         torch.multiprocessing.set_sharing_strategy("file_descriptor")
     assert not P.in_shared_memory(managed)
+
+
+def test_control_flow_operators_keep_their_signatures():
+    """tdtree.control calls torch's scan, associative_scan and map with these parameters."""
+    assert list(inspect.signature(P.scan).parameters) == ["combine_fn", "init", "xs", "dim", "reverse"]
+    assert list(inspect.signature(P.associative_scan).parameters) == [
+        "combine_fn",
+        "xs",
+        "dim",
+        "reverse",
+        "combine_mode",
+    ]
+    assert list(inspect.signature(P.hop_map).parameters)[:2] == ["f", "xs"]
