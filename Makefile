@@ -1,7 +1,7 @@
 # make demo: set up .venv when missing and run the main example.
 # make test: the same set-up, then every test and property test (bench cases run once), the docstring
 #   examples (doctests), the import floors (lint-imports, contract in pyproject.toml), ruff check and
-#   ruff format --check (settings in pyproject.toml) and mypy over the package and the typed
+#   ruff format --check (settings in pyproject.toml) and mypy over the package, its entry-point modules (_tdtree_plugins) and the typed
 #   tensorclass example.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
 #   (python -m bench.report prints them; python -m bench.compare REF compares with a git ref).
@@ -32,7 +32,7 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
-	$(PY) -m mypy tdtree examples/typed_tensorclass.py
+	$(PY) -m mypy tdtree _tdtree_plugins examples/typed_tensorclass.py
 
 # Keep in step with BENCH_ARGS in bench/compare.py.
 BENCH_OPTS := --benchmark-max-time=0.25 --benchmark-min-rounds=20 --benchmark-warmup=on \
