@@ -1,7 +1,7 @@
 # make demo: set up .venv when missing and run the main example.
 # make test: the same set-up, then every test and property test (bench cases run once), the docstring
 #   examples (doctests), the import floors (lint-imports, contract in pyproject.toml), ruff check and
-#   ruff format --check (settings in pyproject.toml) and mypy over the package and the typed
+#   ruff format --check (settings in pyproject.toml) and mypy over the package, its entry-point modules (_tdtree_plugins) and the typed
 #   tensorclass example.
 # make docs: the HTML reference (Sphinx: the docstrings, README.md, ARCHITECTURE.md) in docs/_build/html;
 #   make test builds it too, warnings (broken cross-references included) as errors.
@@ -35,7 +35,7 @@ test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
-	$(PY) -m mypy tdtree examples/typed_tensorclass.py
+	$(PY) -m mypy tdtree _tdtree_plugins examples/typed_tensorclass.py
 	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
 
 # the source directory is the repository root (conf.py in docs/); -n: broken cross-references warn;

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import Phase, settings
+from hypothesis import Phase, find, settings
 from hypothesis import strategies as st
 
 import tdtree as tt
@@ -145,6 +145,24 @@ def test_compiles_catches_a_result_that_differs_from_eager():
         check_compiles(knows, tensordicts(dtypes=(torch.float32,), **ONE_KEY), backend="eager")
 
 
+def test_compile_vmap_and_grad_laws_run_with_no_deadline():
+    # each example compiles or traces afresh: a 1 ms deadline, given or in the loaded profile, would fail
+    # every example of a correct function (hypothesis's DeadlineExceeded), so these laws set none
+    tight = settings(FEW, max_examples=2, deadline=1)
+    floats32 = tensordicts(dtypes=(torch.float32,), min_keys=1)
+    check_compiles(lambda td: td.apply(torch.sin), floats32, backend="eager", settings=tight)
+    check_vmap(lambda td: td.apply(torch.cos), mapped, settings=tight)
+    check_grad(lambda td: td.apply(lambda x: x * x if x.is_floating_point() else x), doubles, settings=tight)
+    previous = settings._current_profile
+    settings.register_profile("tdtree-tight-deadline", tight)
+    settings.load_profile("tdtree-tight-deadline")
+    try:
+        check_compiles(lambda td: td * 2, floats32, backend="eager")
+        check_vmap(lambda td: td * 2, mapped)
+    finally:
+        settings.load_profile(previous)
+
+
 # -- vmap ---------------------------------------------------------------------------------------
 
 
@@ -171,6 +189,26 @@ def test_vmap_catches_a_function_that_is_not_per_element():
 def test_vmap_refuses_inputs_it_cannot_map():
     with pytest.raises(ValueError, match="batch_sizes\\(min_dims=1, min_side=1\\)"):
         assert_vmap(lambda td: td, tt.TensorDict({"a": torch.ones(0)}, [0]))
+
+
+def test_vmap_passes_over_draws_with_no_tensor_to_map():
+    # tensordicts(min_keys=1) draws nodes whose only entries are empty sub-nodes: tdtree.vmap (as torch.vmap)
+    # has nothing to map there, and the law passes over them instead of failing on its own kit's draws
+    default = tensordicts(batch_size=(3,), min_keys=1)
+    leafless = find(
+        default,
+        lambda td: not len(td.keys(include_nested=True, leaves_only=True)),
+        settings=settings(FEW, max_examples=500),
+    )
+    seen = []
+
+    def doubled(td):
+        seen.append(len(td.keys(include_nested=True, leaves_only=True)))
+        return td * 2
+
+    check_vmap(doubled, st.sampled_from([leafless, tt.TensorDict({"x": torch.ones(3)}, [3])]), settings=FEW)
+    assert seen and all(seen)  # fn ran on the node with a leaf, never on the leafless one
+    check_vmap(lambda td: td * 2, default, settings=settings(FEW, max_examples=30))
 
 
 # -- grad ---------------------------------------------------------------------------------------

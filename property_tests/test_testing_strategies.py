@@ -262,9 +262,9 @@ def test_from_type_draws_nodes_tagged_types_and_user_tensorclasses():
 
 
 def test_registration_is_what_the_hypothesis_entry_point_runs():
-    from tdtree.testing._hook import _hypothesis_setup_hook
+    from _tdtree_plugins.strategies import setup
 
-    _hypothesis_setup_hook()  # a second registration changes nothing
+    setup()  # a second registration changes nothing
     assert type(one(st.from_type(Obs))) is Obs
 
 

@@ -6,6 +6,7 @@ not pay for them.
 """
 
 import importlib
+import sys
 from typing import Any
 
 from . import control as control
@@ -85,3 +86,9 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_SUBPACKAGES})
+
+
+# hypothesis imported first: tdtree.testing registers the strategies with it now (st.from_type(tt.TensorDict));
+# imported after, hypothesis's entry-point hook registers them. Without hypothesis, nothing is imported.
+if sys.modules.get("hypothesis") is not None:
+    from . import testing as testing

@@ -28,7 +28,8 @@ the slot descriptors, at about half the cost of ``object.__setattr__`` (which
 builds an argument tuple per call); a node is made for every result, so this
 is a fixed cost of every operation. Dynamo cannot trace a descriptor's
 ``__set__``, so each of the eleven has a traced twin, registered with
-``torch.compiler.substitute_in_graph``, that compiled code runs instead: it
+``torch.compiler.substitute_in_graph`` (through ``_torch_private``, when dynamo is imported), that
+compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 
 ``UNTAGGED_TYPES`` and ``TAGGED_TYPES`` tell the tag rule an argument by its type; it asks
@@ -45,7 +46,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, TypeVar
 
 import torch
-from torch.compiler import substitute_in_graph
+
+from ._torch_private import substitute_in_graph
 
 __all__ = [
     "Node",

@@ -46,7 +46,7 @@ from ._foreach import foreach
 from ._keys import NestedKey, as_path, display
 from ._lookup import MISSING, get, walk
 from ._pytree import NAMESPACE
-from ._torch_private import storage_id, storage_ids, transforms_active
+from ._torch_private import is_compiling, storage_id, storage_ids, transforms_active
 from ._validate import CPU, nest
 from .errors import KeyMismatchError, KeyNotFoundError, WriteError, WriteShapeError, WriteTypeError
 
@@ -160,7 +160,7 @@ def writable(op: str, path: tuple[str, ...], leaf: torch.Tensor, fill: bool = Fa
             f"{_where(op, path)} is an expanded tensor (stride 0 in shape {tuple(leaf.shape)}): several of "
             "its elements share one memory cell, so it cannot be written element by element; clone() it first"
         )
-    if _is_compiling():
+    if is_compiling():
         # a compiled graph applies its writes to its inputs after it ran, all of them or none:
         # torch's own refusals come while tracing, before anything is written
         return
@@ -193,7 +193,7 @@ def targets_writable(dst: list[torch.Tensor], foreach: bool = True) -> bool:
     writes any (:func:`_refused` turns its refusal into WriteError), except inside a
     transform, where the map layer writes leaf by leaf.
     """
-    if _is_compiling():
+    if is_compiling():
         return True
     if not torch.is_inference_mode_enabled():
         try:
@@ -217,7 +217,7 @@ _deque = collections.deque
 def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -> None:
     """After a ``torch._foreach_*`` kernel over ``dst`` raised: WriteError naming the key when it
     refused a leaf requiring grad (a test it makes for every tensor before it writes any)."""
-    if not _is_compiling() and torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)):
+    if not is_compiling() and torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)):
         each_writable(op, node, dst, fill)
 
 
@@ -352,7 +352,7 @@ def each_writable(op: str, node: Node, leaves: list[torch.Tensor], fill: bool = 
 def read_first(values: list[torch.Tensor], targets: list[torch.Tensor]) -> list[torch.Tensor]:
     """``values``, each one that uses a storage one of ``targets`` uses copied, so that writing the
     targets in any order writes what every value held before the first write."""
-    if _is_compiling():
+    if is_compiling():
         # Compiled code copies every value first: inductor's code for clone-then-write is the
         # code for the write alone, and no trace-time _aliased means no guards on torch's
         # pytree registry, which cost ~1 us on every call of a compiled update_ of 20 leaves.
@@ -361,9 +361,6 @@ def read_first(values: list[torch.Tensor], targets: list[torch.Tensor]) -> list[
     if not flags:
         return values
     return [v.clone() if aliased else v for v, aliased in zip(values, flags)]
-
-
-_is_compiling = torch.compiler.is_compiling
 
 
 def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[bool, ...]:

@@ -50,24 +50,43 @@ Makefile pins).
   ``torch._higher_order_ops`` (``cond`` and ``while_loop`` are public).
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
+* Whether ``torch.compile`` is tracing (``torch.compiler.is_compiling``): public, but asked here
+  with the rest, so that one module says what tdtree asks torch.
+
+Importing dynamo costs seconds, so nothing here imports it: the compile-time registrations
+(``substitute_in_graph``, ``nonstrict_trace``) are kept until ``torch._dynamo`` is imported (by
+``torch.compile``, ``torch.export`` or the user), and run right after that import, before dynamo
+traces anything; when dynamo is already imported they run at once. ``guard_or_true`` is read from
+``torch.fx.experimental.symbolic_shapes`` only for a symbolic size, which exists only once that
+module is imported.
+
+Every private name is read through :func:`needed`: a torch that lacks one raises
+:class:`tdtree.errors.TorchVersionError` naming the name and torch's version, at the first use of
+the name (``import tdtree`` for the eager ones, the import of dynamo for the compile ones, the
+call for the testing ones), not an ``AttributeError`` deep in an operation.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import inspect
+import logging
+import os
+import sys
+import types
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-import torch.utils._pytree as torch_pytree
-from torch._C import _functorch
-from torch._higher_order_ops import associative_scan as associative_scan
-from torch._higher_order_ops import map as hop_map
-from torch._higher_order_ops import scan as scan
-from torch.fx.experimental.symbolic_shapes import guard_or_true
-from torch.utils.data._utils.collate import default_collate_fn_map
+
+from .errors import TorchVersionError
 
 __all__ = [
+    "needed",
     "transforms_active",
     "unwrapped",
     "storages",
@@ -75,10 +94,14 @@ __all__ = [
     "storage_id",
     "holds_data",
     "in_shared_memory",
+    "is_compiling",
+    "substitute_in_graph",
     "nonstrict_trace",
     "compile_counter",
     "graph_breaks",
+    "quiet_trace_log",
     "torch_pytree",
+    "TreeSpec",
     "default_collate_fn_map",
     "HigherOrderOperator",
     "through_higher_order",
@@ -88,12 +111,52 @@ __all__ = [
     "hop_map",
 ]
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def needed(name: str) -> Any:
+    """The object torch names ``name`` (dotted, from ``torch``), importing the modules on its path.
+
+    Raises:
+        TorchVersionError: this torch has no such name (the message names it and torch's version).
+    """
+    parts = name.split(".")
+    value: Any = torch
+    for i, part in enumerate(parts[1:], 2):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            try:
+                value = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                raise TorchVersionError(name, torch.__version__) from None
+    return value
+
+
 # One C call: dynamo folds it to a constant while tracing (it is on its list of such calls), so a
 # compiled function takes the branch its transforms take, with no guard and no graph break.
-transforms_active: Callable[[], bool] = torch._C._are_functorch_transforms_active
+transforms_active: Callable[[], bool] = needed("torch._C._are_functorch_transforms_active")
 
-_is_wrapped = _functorch.is_functorch_wrapped_tensor
-_get_unwrapped = _functorch.get_unwrapped
+_is_wrapped = needed("torch._C._functorch.is_functorch_wrapped_tensor")
+_get_unwrapped = needed("torch._C._functorch.get_unwrapped")
+
+torch_pytree: types.ModuleType = needed("torch.utils._pytree")
+if TYPE_CHECKING:  # the class itself for annotations (the module above is typed as a plain module)
+    from torch.utils._pytree import TreeSpec
+else:
+    TreeSpec = needed("torch.utils._pytree.TreeSpec")
+for _name in ("register_pytree_node", "MappingKey", "GetAttrKey"):
+    needed(f"torch.utils._pytree.{_name}")
+
+is_compiling: Callable[[], bool] = torch.compiler.is_compiling
+
+default_collate_fn_map: dict[type, Callable[..., Any]] = needed(
+    "torch.utils.data._utils.collate.default_collate_fn_map"
+)
+
+scan: Callable[..., Any] = needed("torch._higher_order_ops.scan")
+associative_scan: Callable[..., Any] = needed("torch._higher_order_ops.associative_scan")
+hop_map: Callable[..., Any] = needed("torch._higher_order_ops.map")
 
 
 def unwrapped(tensor: torch.Tensor) -> torch.Tensor:
@@ -135,10 +198,15 @@ def holds_data(storage: torch.UntypedStorage) -> bool:
     cannot be turned into a bool while tracing: such a storage counts as holding
     data, so the tag rule drops tags rather than claim them for new memory.
     """
-    return guard_or_true(storage.nbytes() != 0)
+    nbytes = storage.nbytes()
+    if type(nbytes) is int:
+        return nbytes != 0
+    # a symbolic size: made by a ShapeEnv, so symbolic_shapes is imported
+    return torch.fx.experimental.symbolic_shapes.guard_or_true(nbytes != 0)
 
 
-HigherOrderOperator = torch._ops.HigherOrderOperator
+HigherOrderOperator = needed("torch._ops.HigherOrderOperator")
+_no_subclass_functions = needed("torch._C.DisableTorchFunctionSubclass")
 
 
 def through_higher_order(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
@@ -153,7 +221,7 @@ def through_higher_order(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     """
     if not isinstance(func, HigherOrderOperator):
         return NotImplemented
-    with torch._C.DisableTorchFunctionSubclass():
+    with _no_subclass_functions():
         return func(*args, **(kwargs or {}))
 
 
@@ -175,7 +243,7 @@ def dynamo_higher_order_operators() -> list[str]:
 
 
 # a C method torch's stubs do not declare
-_shared_fd: Callable[[torch.UntypedStorage], int] = torch.UntypedStorage._get_shared_fd  # type: ignore[attr-defined]
+_shared_fd: Callable[[torch.UntypedStorage], int] = needed("torch.UntypedStorage._get_shared_fd")
 
 
 def in_shared_memory(tensor: torch.Tensor) -> bool:
@@ -201,19 +269,126 @@ def in_shared_memory(tensor: torch.Tensor) -> bool:
     return fd_strategy and fd >= 0
 
 
-nonstrict_trace = torch._dynamo.nonstrict_trace  # typed by torch: it keeps the function's signature
+_DYNAMO = "torch._dynamo"
+_pending: list[Callable[[], None]] = []
+
+
+def _when_dynamo(register: Callable[[], None]) -> None:
+    """Run ``register`` now if dynamo is imported, else right after its import."""
+    if _DYNAMO in sys.modules:
+        register()
+        return
+    _pending.append(register)
+    if not any(isinstance(f, _AfterDynamo) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterDynamo())
+
+
+_refused: list[TorchVersionError] = []
+
+
+class _AfterDynamo(importlib.abc.MetaPathFinder):
+    """Finds ``torch._dynamo`` as the finders after it do, with a loader that runs the pending
+    registrations once the module has run (so before dynamo can trace anything). When one raised,
+    every later import of dynamo raises the same error (the module half set up is not kept)."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _DYNAMO:
+            return None
+        if _refused:
+            raise TorchVersionError(_refused[0].name, _refused[0].version)
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+class _ThenRegister(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__loader__ = self.loader  # the module keeps torch's own loader (its source, its files)
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        try:
+            for register in _pending:
+                register()
+        except TorchVersionError as error:
+            _refused.append(error)
+            sys.meta_path.insert(0, _AfterDynamo())
+            raise
+        _pending.clear()
+
+
+def substitute_in_graph(original: Callable[..., Any], **options: Any) -> Callable[[F], F]:
+    """``torch.compiler.substitute_in_graph(original, **options)``, registered when dynamo is imported:
+    compiled code runs the decorated function where it meets ``original``. Returns the decorated
+    function unchanged (eager code calls ``original``)."""
+
+    def decorate(traced: F) -> F:
+        _when_dynamo(lambda: needed("torch.compiler.substitute_in_graph")(original, **options)(traced))
+        return traced
+
+    return decorate
+
+
+def nonstrict_trace(fn: F) -> F:
+    """Mark ``fn`` for ``torch._dynamo.nonstrict_trace`` when dynamo is imported; returns ``fn`` itself.
+
+    Under ``torch.compile`` a call of ``fn`` is an opaque call that runs ``fn`` as plain Python on
+    the fake tensors; eager code calls ``fn`` directly. (dynamo marks the wrapper that
+    ``nonstrict_trace`` returns, which does not exist before dynamo does: compiled code reaches it
+    through a substitute for ``fn``.)
+    """
+
+    def register() -> None:
+        opaque = needed("torch._dynamo.nonstrict_trace")(fn)
+
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            return opaque(*args, **kwargs)
+
+        needed("torch.compiler.substitute_in_graph")(fn, skip_signature_check=True)(traced)
+
+    _when_dynamo(register)
+    return fn
 
 
 def compile_counter(backend: str) -> Any:
     """A ``torch.compile`` backend that compiles with the backend named ``backend``, counts the
     frames it compiles (``.frame_count``: how ``tdtree.testing.check_compiles`` sees recompiles) and
     keeps the graphs dynamo hands it (``.graphs``)."""
-    # torch's test helpers load only for the law that asks for them, not with every import of tdtree
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    return CompileCounterWithBackend(backend)
+    return needed("torch._dynamo.testing.CompileCounterWithBackend")(backend)
 
 
 def graph_breaks() -> int:
     """How many graph breaks dynamo has counted in this process (``torch._dynamo.utils.counters``)."""
-    return sum(torch._dynamo.utils.counters["graph_break"].values())
+    return sum(needed("torch._dynamo.utils.counters")["graph_break"].values())
+
+
+def _drop(record: logging.LogRecord) -> bool:
+    return False
+
+
+@contextlib.contextmanager
+def quiet_trace_log() -> Iterator[None]:
+    """Inside: torch's structured trace log (the logger ``torch.__trace``) hands no record to any handler,
+    unless ``TORCH_TRACE`` asks for the trace. The logger is always at DEBUG and does not propagate, so
+    pytest attaches its capture handler to it directly, and a failing test would print every record of
+    every compile it ran (hundreds of lines with no message) under "Captured log call"."""
+    if os.environ.get("TORCH_TRACE"):
+        yield
+        return
+    log = logging.getLogger("torch.__trace")
+    log.addFilter(_drop)
+    try:
+        yield
+    finally:
+        log.removeFilter(_drop)

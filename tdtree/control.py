@@ -37,10 +37,9 @@ import torch
 from . import _torch_private as _private
 from ._base import Holder, Node
 from ._maps import leaves, unflat
+from ._torch_private import TreeSpec as Spec
 from ._validate import dim_index
 from .errors import ControlFlowError
-
-Spec = _private.torch_pytree.TreeSpec
 
 __all__ = ["cond", "while_loop", "scan", "associative_scan", "map"]
 

@@ -26,6 +26,7 @@ __all__ = [
     "OutKeysError",
     "SerializationError",
     "StructureMismatchError",
+    "TorchVersionError",
     "WriteError",
     "WriteIndexError",
     "WriteShapeError",
@@ -81,10 +82,10 @@ class KeyMismatchError(ValueError):
     def __init__(self, what: str, left: Iterable[object], right: Iterable[object]) -> None:
         self.what = what
         self.left, self.right = tuple(left), tuple(right)
-        only_left = sorted(map(_fmt, set(self.left) - set(self.right)))
-        only_right = sorted(map(_fmt, set(self.right) - set(self.left)))
+        only_left = ", ".join(sorted(map(_fmt, set(self.left) - set(self.right))))
+        only_right = ", ".join(sorted(map(_fmt, set(self.right) - set(self.left))))
         self.args = (
-            f"{what}: the nodes' keys differ; only in the first: {only_left or 'none'}, "
+            f"{what}: the nodes' keys differ; only in the first: {only_left or 'none'}; "
             f"only in the second: {only_right or 'none'}.",
         )
 
@@ -198,3 +199,21 @@ class ControlFlowError(ValueError):
 class FieldError(TypeError):
     """A tensorclass was given an unknown or missing field, a value whose type does not fit the
     field, or a class body declares a field it cannot have; the message names the field."""
+
+
+class TorchVersionError(RuntimeError):
+    """The installed torch lacks a name tdtree reads from torch's internals (``tdtree._torch_private``).
+
+    tdtree is tested with the torch versions its package metadata declares (``torch>=2.13,<2.14``);
+    another torch works only as far as it keeps those names. Raised where the name is first needed.
+    """
+
+    def __init__(self, name: str, version: str) -> None:
+        self.name, self.version = name, version
+        self.args = (
+            f"tdtree needs {name}, which torch {version} does not have: tdtree is tested with "
+            "torch>=2.13,<2.14 (the README's 'Using another torch' says how to install that one).",
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.name, self.version)

@@ -57,7 +57,7 @@ def test_stack_pairs_whatever_tags():
 
 
 def test_stack_errors():
-    with pytest.raises(KeyMismatchError, match=r"stack: .*only in the second: \[\"'b'\"\]"):
+    with pytest.raises(KeyMismatchError, match=r"stack: .*only in the second: 'b'\.$"):
         tt.stack([node(), node().set("b", torch.zeros(2, 3))])
     with pytest.raises(BatchSizeError, match=r"stack: batch_size \(2, 3\) at the root does not match \(2,\)"):
         tt.stack([node(), TensorDict({"a": torch.zeros(2), "sub": {"c": torch.zeros(2)}}, [2])])
@@ -112,7 +112,7 @@ def test_cat_drops_tags():
 
 
 def test_cat_errors():
-    with pytest.raises(KeyMismatchError, match=r"cat: .*only in the first: \[\"'a'\"\]"):
+    with pytest.raises(KeyMismatchError, match=r"cat: .*only in the first: 'a';"):
         tt.cat([node(), node().exclude("a")])
     other = TensorDict({"a": torch.zeros(3, 4), "sub": {"c": torch.zeros(3, 4, 4)}}, [3, 4])
     with pytest.raises(

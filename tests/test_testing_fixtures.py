@@ -86,6 +86,28 @@ def test_assertions_import_without_hypothesis():
     assert run.stdout.split() == ["tdtree", "ok", "assert", "ok"], run.stderr
 
 
+BLOCK_HYPOTHESIS = """
+import sys
+class Blocker:  # hypothesis is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "hypothesis":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Blocker())
+"""
+
+
+@pytest.mark.parametrize("reach", ["import tdtree.testing as T; T.tensordicts", "import tdtree.testing.laws"])
+def test_strategies_and_laws_without_hypothesis_say_how_to_install_it(reach):
+    code = BLOCK_HYPOTHESIS + (
+        "import tdtree, tdtree.testing as T; T.assert_equal(1, 1)\n"
+        f"try:\n    {reach}\nexcept ModuleNotFoundError as e:\n    print(e.name, '|', e)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    name, _, message = run.stdout.partition(" | ")
+    assert name == "hypothesis" and "pip install 'tdtree[testing]'" in message, run.stdout
+
+
 @pytest.mark.parametrize("name", ["tensordicts", "check_pure", "tensorclasses", "register_strategies"])
 def test_strategies_and_laws_are_reached_in_a_fresh_process(name):
     # a fresh process, hypothesis not yet imported: the first strategy or law reached imports it, and its

@@ -3,12 +3,17 @@ tdtree takes them to mean: a torch release that moves one fails here, by name, b
 
 import gc
 import inspect
+import pickle
+import subprocess
+import sys
 
+import pytest
 import torch
 
 import tdtree
 from tdtree import _foreach
 from tdtree import _torch_private as P
+from tdtree.errors import TorchVersionError
 
 
 def test_transforms_active_tells_each_transform():
@@ -348,3 +353,75 @@ def test_control_flow_operators_keep_their_signatures():
         "combine_mode",
     ]
     assert list(inspect.signature(P.hop_map).parameters)[:2] == ["f", "xs"]
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_a_missing_eager_name_raises_torch_version_error_at_import():
+    # torch without one of the names the eager paths read: import tdtree names it and torch's version
+    run = _python(
+        "import torch; del torch._C._functorch.get_unwrapped\n"
+        "try:\n    import tdtree\nexcept Exception as e:\n"
+        "    print(type(e).__module__, type(e).__name__, repr(e.name), repr(e.version), e)\n"
+    )
+    assert run.returncode == 0, run.stderr
+    module, kind, name, version, *message = run.stdout.split()
+    assert (module, kind) == ("tdtree.errors", "TorchVersionError")
+    assert name == "'torch._C._functorch.get_unwrapped'" and version == repr(torch.__version__)
+    assert "torch._C._functorch.get_unwrapped" in " ".join(message) and torch.__version__ in " ".join(message)
+
+
+def test_a_missing_compile_name_raises_torch_version_error_at_each_compile():
+    # the compile registrations run when dynamo is imported: a torch without them fails torch.compile
+    # with the named error, every time (not an AttributeError from a half-imported dynamo the second time)
+    run = _python(
+        "import sys, torch, tdtree; assert 'torch._dynamo' not in sys.modules\n"
+        "import torch.compiler; del torch.compiler.substitute_in_graph\n"
+        "for _ in range(2):\n"
+        "    try:\n        torch.compile(lambda x: x + 1, backend='eager')(torch.ones(1))\n"
+        "    except Exception as e:\n        print(type(e).__name__, e.name)\n"
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["TorchVersionError", "torch.compiler.substitute_in_graph"] * 2
+
+
+def test_needed_names_the_missing_name_and_the_version(monkeypatch):
+    monkeypatch.delattr(torch._C, "_are_functorch_transforms_active")
+    with pytest.raises(TorchVersionError, match=r"torch\._C\._are_functorch_transforms_active.*torch 2\.\d+") as err:
+        P.needed("torch._C._are_functorch_transforms_active")
+    assert pickle.loads(pickle.dumps(err.value)).args == err.value.args
+    assert P.needed("torch.utils._pytree.tree_map") is torch.utils._pytree.tree_map  # a module imported on the way
+
+
+def test_import_tdtree_leaves_dynamo_unimported_and_compile_registers_it():
+    run = _python(
+        "import sys, torch, tdtree as tt; assert 'torch._dynamo' not in sys.modules\n"
+        "td = tt.TensorDict({'a': torch.ones(3)}, [3]).lock()\n"
+        "out = torch.compile(lambda t: t + 1, fullgraph=True, backend='eager')(td)\n"
+        "print(type(out).__name__, out['a'].tolist(), out.tags == frozenset())\n"
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["TensorDict", "[2.0,", "2.0,", "2.0]", "True"]
+
+
+def test_the_trace_log_is_quiet_inside_and_as_it_was_after():
+    import logging
+
+    log = logging.getLogger("torch.__trace")
+    seen = []
+
+    class Catch(logging.Handler):
+        def emit(self, record):
+            seen.append(record)
+
+    handler = Catch()
+    log.addHandler(handler)
+    try:
+        with P.quiet_trace_log():
+            log.debug("inside")
+        log.debug("after")
+    finally:
+        log.removeHandler(handler)
+    assert [r.getMessage() for r in seen] == ["after"]

@@ -34,12 +34,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 
 import torch
-from torch.compiler import substitute_in_graph
 
 from .._base import Layout, layout, with_meta
 from .._node import TensorDict
 from .._repr import record_repr
 from .._tags import Locked, tag_rule
+from .._torch_private import substitute_in_graph
 from .._validate import CPU, STATIC_TYPES, Check, bind, field_value, fill_record, hint_name, record, split
 from ..errors import BatchSizeError, FieldError, LockedError
 from ._ops import RecordOps

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.compiler import is_compiling
 
 from .._base import Node, make
 from .._node import TensorDict
+from .._torch_private import is_compiling
 from .._validate import CPU
 
 __all__ = ["from_module", "functional_call"]

@@ -12,7 +12,7 @@
   (every tag set a node reaches through the public API).
 
 hypothesis is needed only by the strategies and laws, imported on first use,
-so the assertions work without it. When hypothesis is already imported, importing
+so the assertions work without it (``pip install 'tdtree[testing]'`` installs it). When hypothesis is already imported, importing
 this package registers the strategies at once (for checkouts whose entry points
 are not installed).
 """
@@ -53,7 +53,7 @@ _LAZY = {
     "tensordicts": "_strategies",
     "same_structure": "_strategies",
     "tensorclasses": "_tcstrategies",
-    "TAG_SETS": "_tagging",
+    "TAG_SETS": "_tagsets",
     "register_strategies": "_register",
     "check_pure": "laws",
     "check_tags": "laws",
@@ -64,8 +64,10 @@ _LAZY = {
 
 
 def _with_strategies() -> None:
-    """Import the strategies and register them with hypothesis (once)."""
+    """Import the strategies and register them with hypothesis (once); without hypothesis, an ImportError
+    that says ``pip install 'tdtree[testing]'``."""
     # imported on first use, as the lazy names below: these modules import hypothesis, an optional dependency
+    importlib.import_module(f"{__name__}._requires")
     importlib.import_module(f"{__name__}._register").register_strategies()
 
 

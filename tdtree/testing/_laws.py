@@ -7,6 +7,14 @@ A strategy that draws a tuple gives ``fn`` several positional arguments.
 Failures raise AssertionError naming the law, the key and the drawn example.
 A ``check_`` form is a test of its own: call it from a plain test function,
 not inside ``@given`` (hypothesis refuses nested tests; use ``assert_`` there).
+
+Settings: a ``check_`` form runs under the current hypothesis profile, with
+what its work needs over it: the compile, vmap and grad laws run with no
+deadline (each example compiles, or traces, afresh: a second or more against
+hypothesis's default 200 ms), and the compile law draws fewer examples unless
+told otherwise. Pass others as ``settings=hypothesis.settings(...)``; a
+``@settings`` decorator on the calling test does not reach the law (hypothesis
+refuses it on a test without ``@given``).
 """
 
 from __future__ import annotations
@@ -80,8 +88,10 @@ def run_law(
     strategy: st.SearchStrategy[Any],
     check: Callable[[Any, tuple[Any, ...]], None],
     settings: Settings,
+    **needs: Any,
 ) -> None:
-    """Run ``check(data, args)`` as a hypothesis test over ``strategy`` (a tuple draw is the arguments)."""
+    """Run ``check(data, args)`` as a hypothesis test over ``strategy`` (a tuple draw is the arguments),
+    under ``settings`` (None: the current profile's) with the settings the law ``needs`` over them."""
 
     def test(drawn: Any, data: Any) -> None:
         check(data, drawn if type(drawn) is tuple else (drawn,))
@@ -91,6 +101,8 @@ def run_law(
     # parametrize cases), so that each law over each function replays its own failures
     test._hypothesis_internal_add_digest = f"{law}:{getattr(fn, '__module__', '')}.{_name(fn)}".encode()  # type: ignore[attr-defined]
     runner = given(strategy, st.data())(test)
+    if needs:
+        settings = hypothesis.settings(settings or hypothesis.settings(), **needs)
     if settings is not None:
         runner = settings(runner)
     runner()

@@ -1,9 +1,16 @@
 """Registration with hypothesis: ``st.from_type(tt.TensorDict)`` and ``st.from_type(MyTensorClass)``.
 
 hypothesis runs every function of the ``hypothesis`` entry-point group when it
-is imported; tdtree's (in pyproject.toml) is :func:`tdtree.testing._hook._hypothesis_setup_hook`, so
-installing tdtree is enough. Importing ``tdtree.testing``'s strategies
-registers too, for installs whose entry points are stale.
+is imported; tdtree's (in pyproject.toml) is ``_tdtree_plugins.strategies.setup``,
+which registers when tdtree is imported already; ``import tdtree`` registers when
+hypothesis is (so installing tdtree is enough, in either order). Importing
+``tdtree.testing``'s strategies registers too, for checkouts not installed.
+
+The registration may run while hypothesis is finishing its import, started by one
+of the strategy modules (``import tdtree.testing._strategies`` before hypothesis):
+so this module imports none of them, and each registered strategy is resolved
+when hypothesis first draws from the type (``st.register_type_strategy`` with a
+function of the type).
 
 What each type draws:
 
@@ -17,24 +24,32 @@ What each type draws:
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from hypothesis import strategies as st
 
 from .. import TensorDict
 from .._tensorclass._pytree import watch
-from ._strategies import tensordicts
-from ._tagging import TAG_SETS
-from ._tcstrategies import tensorclasses
+from ._tagsets import TAG_SETS
 
 __all__ = ["register_strategies"]
 
 _done: list[bool] = []
 
 
+def _module(name: str) -> Any:
+    # imported when hypothesis first draws a registered type, not here (see the module doc)
+    return importlib.import_module(f"{__package__}.{name}")
+
+
 def _at_least(tags: frozenset) -> Any:
     sets = [s for s in TAG_SETS if s >= tags]
-    return lambda _: tensordicts(tags=sets)
+    return lambda _: _module("_strategies").tensordicts(tags=sets)
+
+
+def _tensorclasses(cls: type) -> Any:
+    return _module("_tcstrategies").tensorclasses(cls)
 
 
 def register_strategies() -> None:
@@ -51,4 +66,4 @@ def register_strategies() -> None:
     for tags in TAG_SETS:
         if tags:
             st.register_type_strategy(TensorDict[tuple(tags)], _at_least(tags))  # type: ignore[misc]
-    watch(lambda cls: st.register_type_strategy(cls, tensorclasses))
+    watch(lambda cls: st.register_type_strategy(cls, _tensorclasses))

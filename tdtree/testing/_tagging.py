@@ -21,18 +21,9 @@ from hypothesis import control
 from hypothesis.errors import InvalidArgument
 
 from .. import Locked, Memmap, Shared, Tag
+from ._tagsets import TAG_SETS
 
 __all__ = ["TAG_SETS", "tag_sets", "apply_tags", "memmap_prefix"]
-
-# every tag set a node reaches through the public API (lock, unlock, share_memory, memmap and the rule)
-TAG_SETS: tuple[frozenset[Tag], ...] = (
-    frozenset(),
-    frozenset({Locked}),
-    frozenset({Shared, Locked}),
-    frozenset({Shared}),
-    frozenset({Memmap, Locked}),
-    frozenset({Memmap}),
-)
 
 _root: list[str] = []
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import strategies as st
 
 from .. import TensorClass, TensorDict, stack, tree, vmap
-from .._torch_private import compile_counter, graph_breaks
+from .._torch_private import compile_counter, graph_breaks, quiet_trace_log
 from ._assert import assert_close, key_text
 from ._laws import Settings, law_error, paths, run_law
 from ._strategies import same_structure
@@ -71,6 +71,18 @@ def assert_compiles(
     Raises:
         LawError: compiling failed, the results differ from eager, or ``again`` recompiled.
     """
+    with quiet_trace_log():  # keeps a failure's report to the law's message (see quiet_trace_log)
+        _compiles(fn, args, again, backend, rtol, atol)
+
+
+def _compiles(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    again: tuple[Any, ...],
+    backend: str,
+    rtol: float | None,
+    atol: float | None,
+) -> None:
     torch.compiler.reset()
     counter = compile_counter(backend)
     breaks = graph_breaks()
@@ -116,16 +128,18 @@ def check_compiles(
     recompile for a second draw of the same structure (see :func:`~tdtree.testing.laws.assert_compiles`).
 
     ``backend="aot_eager"`` or ``"eager"`` checks tracing only, much faster than inductor's code
-    generation. Each example compiles afresh (a second or more), so without ``settings`` the law
-    draws at most ``COMPILE_EXAMPLES`` (20) examples and reports the first failure unshrunk
-    (shrinking would compile hundreds of times); pass ``settings=`` to choose.
+    generation. Each example compiles afresh (a second or more), so the law runs with no deadline,
+    and without ``settings`` it draws at most ``COMPILE_EXAMPLES`` (20) examples and reports the
+    first failure unshrunk (shrinking would compile hundreds of times); pass ``settings=`` to
+    choose (``deadline`` stays None).
 
     Args:
         fn: the function under test.
         strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
         backend: the ``torch.compile`` backend.
         rtol, atol: tolerances of the comparison (None: per dtype, as :func:`~tdtree.testing.assert_close`).
-        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+        settings: ``hypothesis.settings`` for this run (None: the current profile's, at most
+            ``COMPILE_EXAMPLES`` examples, no shrinking); the deadline is None either way.
 
     Raises:
         LawError: for the first example where the law fails.
@@ -141,7 +155,7 @@ def check_compiles(
         again = data.draw(same_structure(args), label="same structure")
         assert_compiles(fn, args, again, backend=backend, rtol=rtol, atol=atol)
 
-    run_law("check_compiles", fn, strategy, check, settings)
+    run_law("check_compiles", fn, strategy, check, settings, deadline=None)
 
 
 # -- vmap ---------------------------------------------------------------------------------------
@@ -231,24 +245,31 @@ def check_vmap(
 ) -> None:
     """Over ``strategy``'s draws, ``tdtree.vmap(fn)`` equals ``fn`` stacked over the slices (see :func:`~tdtree.testing.laws.assert_vmap`).
 
+    A draw whose mapped arguments hold no tensor (a node whose only entries are empty sub-nodes,
+    which ``tensordicts(min_keys=1)`` can draw) is passed over (``hypothesis.assume``): vmap needs a
+    tensor to map, as ``torch.vmap`` and ``jax.vmap`` do. The law runs with no deadline (each example
+    traces afresh).
+
     Args:
         fn: the function under test.
         strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
         in_dims: as in :func:`~tdtree.testing.laws.assert_vmap`.
         rtol, atol: tolerances of the comparison (None: per dtype, as :func:`~tdtree.testing.assert_close`).
-        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+        settings: ``hypothesis.settings`` for this run (None: the current profile's); the deadline
+            is None either way.
 
     Raises:
         LawError: for the (shrunk) example where the law fails.
         ValueError: as :func:`~tdtree.testing.laws.assert_vmap`.
     """
-    run_law(
-        "check_vmap",
-        fn,
-        strategy,
-        lambda data, args: assert_vmap(fn, *args, in_dims=in_dims, rtol=rtol, atol=atol),
-        settings,
-    )
+
+    def check(data: Any, args: tuple[Any, ...]) -> None:
+        dims = in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args)
+        mapped = [a for a, d in zip(args, dims) if _mapped_size(a, d) is not None]
+        hypothesis.assume(any(isinstance(x, torch.Tensor) for x in tree.leaves(mapped)))
+        assert_vmap(fn, *args, in_dims=in_dims, rtol=rtol, atol=atol)
+
+    run_law("check_vmap", fn, strategy, check, settings, deadline=None)
 
 
 # -- grad ---------------------------------------------------------------------------------------
@@ -344,7 +365,8 @@ def check_grad(
         fn: the function under test.
         strategy: a strategy of the argument, or of a tuple of arguments (``st.tuples(...)``).
         eps, rtol, atol: as in :func:`~tdtree.testing.laws.assert_grad`.
-        settings: ``hypothesis.settings`` for this run (None: the current profile's).
+        settings: ``hypothesis.settings`` for this run (None: the current profile's); the deadline
+            is None either way (each example runs ``torch.func.grad`` afresh).
 
     Raises:
         LawError: for the (shrunk) example where the law fails.
@@ -355,4 +377,4 @@ def check_grad(
         seed = data.draw(st.integers(0, 2**20), label="seed")
         assert_grad(fn, *args, seed=seed, eps=eps, rtol=rtol, atol=atol)
 
-    run_law("check_grad", fn, strategy, check, settings)
+    run_law("check_grad", fn, strategy, check, settings, deadline=None)

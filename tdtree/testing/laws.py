@@ -8,6 +8,7 @@ test, each ``assert_<law>(fn, *args)`` checks one example.
 * grad: ``torch.func.grad`` through ``fn`` matches central differences (float64).
 """
 
+from . import _requires  # noqa: F401 - without hypothesis: an ImportError that says how to install it
 from ._laws import LawError as LawError
 from ._laws import assert_pure as assert_pure
 from ._laws import assert_tags as assert_tags

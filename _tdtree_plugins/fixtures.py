@@ -2,7 +2,8 @@
 
 Installing tdtree makes them available in every test suite; a suite that runs
 tdtree from a checkout without installing it imports them in its conftest.py
-(``from tdtree.testing.fixtures import *``).
+(``from tdtree.testing.fixtures import *``). This module imports neither torch nor
+tdtree: pytest imports it in every run of the environment (see the package doc).
 """
 
 from __future__ import annotations
