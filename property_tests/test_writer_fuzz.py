@@ -245,12 +245,17 @@ def _at_expected(td: tt.TensorDict, index: Any, value: Any) -> dict[Any, torch.T
     return expected
 
 
-@given(st.data(), nodes())
-def test_at_set__writes_fully_or_refuses_untouched(data: st.DataObject, td: tt.TensorDict) -> None:
-    COUNTS["at[].set_ calls"] += 1
+def _at_case(data: st.DataObject, td: tt.TensorDict, name: str) -> tuple[Any, Any, Any]:
+    """An index, a value, and torch's writes of them (None where torch refuses one)."""
+    COUNTS[f"{name} calls"] += 1
     index = data.draw(indices(tuple(td.batch_size)))
     value = data.draw(at_values(td, index))
-    expected = _torch_writes(td, index, value)
+    return index, value, _torch_writes(td, index, value)
+
+
+@given(st.data(), nodes())
+def test_at_set__writes_fully_or_refuses_untouched(data: st.DataObject, td: tt.TensorDict) -> None:
+    index, value, expected = _at_case(data, td, "at[].set_")
     if _outcome(lambda: td.at[index].set_(value), td) is None:
         return
     assert expected is not None
@@ -259,10 +264,7 @@ def test_at_set__writes_fully_or_refuses_untouched(data: st.DataObject, td: tt.T
 
 @given(st.data(), nodes())
 def test_at_set_gives_the_writes_or_refuses(data: st.DataObject, td: tt.TensorDict) -> None:
-    COUNTS["at[].set calls"] += 1
-    index = data.draw(indices(tuple(td.batch_size)))
-    value = data.draw(at_values(td, index))
-    expected = _torch_writes(td, index, value)
+    index, value, expected = _at_case(data, td, "at[].set")
     out = _outcome(lambda: td.at[index].set(value), td)
     if out is None:
         return

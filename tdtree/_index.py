@@ -19,7 +19,7 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT, with_meta
-from ._inplace import broadcasts, check_number, checked, each_writable, read_first, same_device, targets_writable
+from ._inplace import broadcasts, cast, check_number, checked, each_writable, read_first, same_device, targets_writable
 from ._keyops import check_unlocked_tree
 from ._keys import as_path, display
 from ._lookup import walk, walk_keys
@@ -418,14 +418,13 @@ def _write(leaf: torch.Tensor, index: tuple[Any, ...], value: Any, advanced: boo
     """``leaf[index] = value``, casting ``value`` to the leaf's dtype for every index kind, also for
     the dtypes torch cannot index_put.
 
-    A basic index writes through ``copy_``, which casts; an index tensor writes through
-    ``index_put_``, which refuses another dtype: the value (checked by the casting rule already)
-    is cast first, so every index writes what a basic one would. ``advanced``: whether ``index``
+    The value (checked by the casting rule already) is cast first (:func:`tdtree._inplace.cast`):
+    an index tensor writes through ``index_put_``, which refuses another dtype, so every index
+    kind writes what a basic one would. ``advanced``: whether ``index``
     holds a tensor (:func:`_advanced`, once per call).
     """
+    value = cast(value, leaf.dtype)
     if advanced:
-        if isinstance(value, torch.Tensor) and value.dtype != leaf.dtype:
-            value = value.to(leaf.dtype)
         bits = _INDEX_PUT_AS.get(leaf.dtype)
         if bits is not None:
             value = torch.as_tensor(value, dtype=leaf.dtype, device=leaf.device).view(bits)

@@ -58,6 +58,7 @@ __all__ = [
     "copy_",
     "zero_",
     "fill_",
+    "cast",
     "checked",
     "check_number",
     "writable",
@@ -224,6 +225,16 @@ def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -
         each_writable(op, node, dst, fill)
 
 
+def cast(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` in ``dtype`` when it is a tensor of another one, before a copy into a leaf.
+
+    ``Tensor.copy_`` casts, but into a negative view (the ``.imag`` of a conjugate view) it
+    writes a float16 value with the wrong sign (torch 2.13), and ``index_put_`` refuses another
+    dtype: casting first writes what every other copy writes.
+    """
+    return value.to(dtype) if isinstance(value, torch.Tensor) and value.dtype != dtype else value
+
+
 def _math_bits(dst: list[torch.Tensor]) -> bool:
     """After a ``torch._foreach_*`` kernel over ``dst`` raised: whether one of ``dst`` is a lazy
     conjugate or negative view (``torch.conj`` of a complex tensor, its ``.imag``).
@@ -360,7 +371,7 @@ class _Writes:
                 if not _math_bits(self.dst):
                     raise
                 for leaf, value in zip(self.dst, src):
-                    leaf.copy_(value)
+                    leaf.copy_(cast(value, leaf.dtype))
         # numbers are read already; tensor values were read by the copy above
         for leaf, value in self.fills:
             leaf.fill_(value)
