@@ -213,7 +213,7 @@ def at_values(draw: st.DrawFn, td: tt.TensorDict, index: Any) -> Any:
     dims, or a number."""
     try:
         new = tuple(td[index].batch_size)
-    except (IndexError, TypeError, ValueError):
+    except (IndexError, TypeError, ValueError, RuntimeError):
         new = (1,)
     kind = draw(st.sampled_from(["node", "tensor", "number"]))
     if kind == "number":
@@ -230,18 +230,26 @@ def at_values(draw: st.DrawFn, td: tt.TensorDict, index: Any) -> Any:
     return tt.TensorDict({"a": leaf("a"), "b": leaf("b"), "sub": {"c": leaf(("sub", "c"))}}, batch_size=batch)
 
 
+def _as_tuple(index: Any) -> tuple[Any, ...]:
+    return index if type(index) is tuple else (index,)
+
+
 def _at_expected(td: tt.TensorDict, index: Any, value: Any) -> dict[Any, torch.Tensor]:
     """The writes of ``td.at[index].set_(value)`` done with plain torch on clones of the leaves."""
     expected = _clones(td)
-    torch_index = tuple(
-        torch.tensor(i, dtype=torch.long) if isinstance(i, list) else i
-        for i in (index if type(index) is tuple else (index,))
+    items = [torch.tensor(i, dtype=torch.long) if isinstance(i, list) else i for i in _as_tuple(index)]
+    taken = sum(
+        i.dim() if isinstance(i, torch.Tensor) and i.dtype == torch.bool else i is not None and i is not Ellipsis
+        for i in items
     )
+    # the node's ``...`` spans its two batch dims only, a leaf's would reach its feature dims too
+    spread = [x for i in items for x in ([slice(None)] * (2 - taken) if i is Ellipsis else [i])]
+    torch_index = (*spread, ...)
     for k, leaf in expected.items():
         v = value[k] if isinstance(value, tt.TensorDict) else value
         if isinstance(v, torch.Tensor) and not isinstance(value, tt.TensorDict):
             v = v[(..., *(None,) * (leaf.dim() - 2))]  # a tensor value is aligned with the batch dims
-        leaf[(*torch_index, ...)] = _cast(v, leaf)
+        leaf[torch_index] = _cast(v, leaf)
     return expected
 
 

@@ -245,7 +245,11 @@ def _broadcast_shapes(shapes: list[torch.Size]) -> tuple[int, ...]:
                 if out[i] == 1:
                     out[i] = s
                 elif out[i] != s:
-                    return torch.broadcast_shapes(*shapes)  # raises, with torch's message
+                    # torch's own getitem raises an IndexError here (torch.broadcast_shapes a RuntimeError)
+                    raise BatchDimError(
+                        "shape mismatch: index tensors could not be broadcast together with shapes "
+                        + ", ".join(str(list(x)) for x in shapes)
+                    )
     return tuple(out)
 
 

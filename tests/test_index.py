@@ -250,3 +250,13 @@ def test_range_index_is_a_list_of_ints() -> None:
     assert torch.equal(td[range(-2, 0)]["a"], td["a"][[-2, -1]])
     assert td[range(0)].batch_size == torch.Size([0])
     assert torch.equal(td.at[range(3, 0, -2)].set(-1.0)["a"][[3, 1]], torch.full((2, 3), -1.0))
+
+
+def test_index_tensors_that_do_not_broadcast_raise_batch_dim_error_as_torch_raises_index_error() -> None:
+    td = tt.TensorDict({"a": torch.zeros(3, 3)}, [3, 3])
+    with pytest.raises(IndexError, match="shape mismatch"):
+        torch.zeros(3, 3)[torch.tensor([], dtype=torch.long), torch.tensor([0, 0])]
+    for call in (lambda: td[[], [0, 0]], lambda: td.at[[], [0, 0]].set_(1.0), lambda: td.at[[], [0, 0]].set(1.0)):
+        with pytest.raises(BatchDimError, match=r"could not be broadcast together with shapes \[0\], \[2\]"):
+            call()
+    assert bool((td["a"] == 0).all())
