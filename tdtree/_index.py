@@ -19,9 +19,9 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT, with_meta
-from ._inplace import broadcasts, check_number, checked, each_writable, read_first, same_device, targets_writable
+from ._inplace import broadcasts, cast, check_number, checked, each_writable, read_first, same_device, targets_writable
 from ._keyops import check_unlocked_tree
-from ._keys import as_path
+from ._keys import as_path, display
 from ._lookup import walk, walk_keys
 from ._maps import flat, rebuild, unflat
 from ._tags import Locked, tag_rule
@@ -245,7 +245,11 @@ def _broadcast_shapes(shapes: list[torch.Size]) -> tuple[int, ...]:
                 if out[i] == 1:
                     out[i] = s
                 elif out[i] != s:
-                    return torch.broadcast_shapes(*shapes)  # raises, with torch's message
+                    # torch's own getitem raises an IndexError here (torch.broadcast_shapes a RuntimeError)
+                    raise BatchDimError(
+                        "shape mismatch: index tensors could not be broadcast together with shapes "
+                        + ", ".join(str(list(x)) for x in shapes)
+                    )
     return tuple(out)
 
 
@@ -353,7 +357,7 @@ def _pairs(
         values = [value] * len(leaves)
         if inplace:  # the functional set writes a number into a copy as torch's x[idx] = number does
             _check_number_writes(op, node, leaves, value)
-            _check_bounds(op, node._meta[1], leaf_index)
+        _check_bounds(op, node._meta[1], leaf_index)
         return leaves, spec, leaf_index, values
     else:
         raise WriteTypeError(f"{op}: the value must be a node, a tensor or a number, got {type(value).__name__}")
@@ -382,10 +386,9 @@ def _pairs(
             # the key, for the message, only when there is one to give (walking costs more than checking)
             checked(op, as_path(walk(node, True, True)[i][0]), leaf, v, shape=target, leaf_checks=inplace)
             raise
-    if inplace:
-        if fast and not targets_writable(fast, foreach=False):
-            each_writable(op, node, fast)
-        _check_bounds(op, node._meta[1], leaf_index)
+    if inplace and fast and not targets_writable(fast, foreach=False):
+        each_writable(op, node, fast)
+    _check_bounds(op, node._meta[1], leaf_index)
     return leaves, spec, leaf_index, values
 
 
@@ -441,18 +444,31 @@ _INDEX_PUT_AS = {
 }
 
 
-def _write(leaf: torch.Tensor, index: tuple[Any, ...], value: Any) -> None:
-    """``leaf[index] = value``, also for the dtypes torch cannot index_put."""
-    bits = _INDEX_PUT_AS.get(leaf.dtype)
-    if bits is not None and any(isinstance(i, torch.Tensor) for i in index):
-        value = torch.as_tensor(value, dtype=leaf.dtype, device=leaf.device).view(bits)
-        leaf = leaf.view(bits)
+def _write(leaf: torch.Tensor, index: tuple[Any, ...], value: Any, advanced: bool) -> None:
+    """``leaf[index] = value``, casting ``value`` to the leaf's dtype for every index kind, also for
+    the dtypes torch cannot index_put.
+
+    The value (checked by the casting rule already) is cast first (:func:`tdtree._inplace.cast`):
+    an index tensor writes through ``index_put_``, which refuses another dtype, so every index
+    kind writes what a basic one would. ``advanced``: whether ``index``
+    holds a tensor (:func:`_advanced`, once per call).
+    """
+    value = cast(value, leaf.dtype)
+    if advanced:
+        bits = _INDEX_PUT_AS.get(leaf.dtype)
+        if bits is not None:
+            value = torch.as_tensor(value, dtype=leaf.dtype, device=leaf.device).view(bits)
+            leaf = leaf.view(bits)
     leaf[index] = value
 
 
-def _put(leaf: torch.Tensor, index: tuple[Any, ...], value: Any) -> torch.Tensor:
+def _advanced(index: tuple[Any, ...]) -> bool:
+    return any(isinstance(i, torch.Tensor) for i in index)
+
+
+def _put(leaf: torch.Tensor, index: tuple[Any, ...], value: Any, advanced: bool) -> torch.Tensor:
     out = leaf.clone()
-    _write(out, index, value)
+    _write(out, index, value, advanced)
     return out
 
 
@@ -474,10 +490,18 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
     # the checked path, from the start: it raises what the one pass declined, in this order, or writes
     # the values it left to it (of other dtypes, or broadcast)
     check_unlocked_tree(node, _SET)
-    if isinstance(value, Node):
-        normalize(node._meta[1], index)  # a node value's index error, as normalize raises it
     leaves, spec, leaf_index, values = _pairs(node, index, value, _SET, inplace=False)
-    return unflat(spec, [_put(x, leaf_index, v) for x, v in zip(leaves, values)])
+    advanced = _advanced(leaf_index)
+    out = []
+    for i, (x, v) in enumerate(zip(leaves, values)):
+        try:
+            out.append(_put(x, leaf_index, v, advanced))
+        except (RuntimeError, ValueError) as err:
+            # a number torch refuses for this dtype (1j into a float leaf, an int past 64 bits):
+            # the input is untouched (every write went into a copy)
+            where = display(as_path(walk(node, True, True)[i][0]))
+            raise WriteTypeError(f"{_SET}: {where!r} holds {x.dtype}; torch refuses the value {v!r}: {err}") from None
+    return unflat(spec, out)
 
 
 def _scatter_node(node: Node, index: Any, value: Node) -> Any:
@@ -547,8 +571,9 @@ def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
     leaves, _, leaf_index, values = _pairs(node, index, value, "at[...].set_", inplace=True)
     if isinstance(value, Node):  # (a tensor or number value was read in _pairs)
         values = read_first(values, leaves)
+    advanced = _advanced(leaf_index)
     for leaf, v in zip(leaves, values):
-        _write(leaf, leaf_index, v)
+        _write(leaf, leaf_index, v, advanced)
     return node
 
 

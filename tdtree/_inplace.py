@@ -10,7 +10,8 @@ were called on, so they are not subject to the tag rule.
 Values: a tensor must be on the leaf's device, have a shape that broadcasts
 to the leaf's shape, and a dtype that ``torch.can_cast`` to the leaf's (float64
 into float32 is written, float into an integer leaf is refused rather than
-truncated); a Python number must fit the leaf's dtype kind the same way (bool
+truncated; a quantized value into a leaf of another dtype is refused: torch
+copies it only after ``dequantize()``); a Python number must fit the leaf's dtype kind the same way (bool
 into any dtype, int into integer, float and complex leaves, float into float
 and complex leaves) and its range (300 into uint8, -1 into uint8, 1e300 into
 float32 are refused; inf and nan into float leaves are written). No transfers
@@ -20,6 +21,8 @@ Leaves: an expanded leaf (several elements share one memory cell), an
 inference tensor outside ``torch.inference_mode``, a leaf requiring grad (or a
 view of one) while grad mode is on, and a leaf of a node loaded with
 ``load_memmap(prefix, mode="r")`` are refused, as torch would refuse them midway.
+Lazy conjugate / negative views (``td.apply(torch.conj)`` on complex leaves) are
+written, as ``Tensor.copy_`` / ``zero_`` write them (through the base they view).
 
 All values are read before any leaf is written, so
 ``td.update_({"a": td["b"], "b": td["a"]})`` swaps. Every refusal is a
@@ -55,6 +58,7 @@ __all__ = [
     "copy_",
     "zero_",
     "fill_",
+    "cast",
     "checked",
     "check_number",
     "writable",
@@ -221,6 +225,27 @@ def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -
         each_writable(op, node, dst, fill)
 
 
+def cast(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` in ``dtype`` when it is a tensor of another one, before a copy into a leaf.
+
+    ``Tensor.copy_`` casts, but into a negative view (the ``.imag`` of a conjugate view) it
+    writes a float16 value with the wrong sign (torch 2.13), and ``index_put_`` refuses another
+    dtype: casting first writes what every other copy writes.
+    """
+    return value.to(dtype) if isinstance(value, torch.Tensor) and value.dtype != dtype else value
+
+
+def _math_bits(dst: list[torch.Tensor]) -> bool:
+    """After a ``torch._foreach_*`` kernel over ``dst`` raised: whether one of ``dst`` is a lazy
+    conjugate or negative view (``torch.conj`` of a complex tensor, its ``.imag``).
+
+    The kernels' fallback for those refuses a list holding one before it writes any tensor,
+    where ``Tensor.copy_`` / ``zero_`` write them: the caller then writes leaf by leaf. Found
+    from the refusal rather than scanned for, so the common call pays nothing.
+    """
+    return any(x.is_conj() or x.is_neg() for x in dst)
+
+
 # The in-place writers test each value against its leaf fast, inline (a call per leaf
 # costs more than the test): a tensor of the leaf's dtype and shape, on its device
 # (not tested when same_device says both nodes hold every leaf there), and a
@@ -252,6 +277,13 @@ def checked(
         writable(op, path, leaf, fill)
     target = leaf.shape if shape is None else shape
     if isinstance(value, torch.Tensor):
+        if value.dtype != leaf.dtype and value.is_quantized:
+            # can_cast says yes (quint8 into float32), copy_ and index_put refuse: quantized
+            # values are read through dequantize(), never cast implicitly
+            raise WriteTypeError(
+                f"{_where(op, path)} holds {leaf.dtype} and the value is a quantized {value.dtype} tensor, "
+                f"which torch does not copy into another dtype: give value.dequantize().to({leaf.dtype}) instead"
+            )
         if value.dtype != leaf.dtype and not torch.can_cast(value.dtype, leaf.dtype):
             raise WriteTypeError(
                 f"{_where(op, path)} holds {leaf.dtype} and the value is {value.dtype}, which does not cast to "
@@ -336,7 +368,10 @@ class _Writes:
                 foreach(torch._foreach_copy_)(self.dst, src)
             except RuntimeError:
                 _refused(self.op, self.node, self.dst)
-                raise
+                if not _math_bits(self.dst):
+                    raise
+                for leaf, value in zip(self.dst, src):
+                    leaf.copy_(cast(value, leaf.dtype))
         # numbers are read already; tensor values were read by the copy above
         for leaf, value in self.fills:
             leaf.fill_(value)
@@ -519,7 +554,10 @@ def zero_(node: NodeT) -> NodeT:
             foreach(torch._foreach_zero_)(leaves)
         except RuntimeError:
             _refused("zero_", node, leaves, fill=True)
-            raise
+            if not _math_bits(leaves):
+                raise
+            for leaf in leaves:
+                leaf.zero_()
     return node
 
 

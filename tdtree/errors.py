@@ -24,6 +24,7 @@ __all__ = [
     "MemmapError",
     "NotANodeKeyError",
     "OutKeysError",
+    "PeerFailedError",
     "SerializationError",
     "StructureMismatchError",
     "TorchVersionError",
@@ -194,6 +195,25 @@ class ControlFlowError(ValueError):
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return type(self), (self.op, self.what, self.differences)
+
+
+class PeerFailedError(RuntimeError):
+    """Another process of a ``tdtree.distributed`` exchange failed before any data moved.
+
+    That process raised its own error there (a value that is not a node, a leaf it could not
+    pack) and sent a failure marker in place of its structure header, so the others raise this
+    at once instead of waiting until the process group's timeout. ``rank`` is the failed
+    process's global rank, ``reason`` what it raised (type and message).
+    """
+
+    def __init__(self, op: str, rank: int, reason: str) -> None:
+        self.op = op
+        self.rank = rank
+        self.reason = reason
+        self.args = (f"{op}: rank {rank} failed before any data moved, so nothing was exchanged: {reason}",)
+
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
+        return type(self), (self.op, self.rank, self.reason)
 
 
 class FieldError(TypeError):

@@ -841,3 +841,118 @@ def test_channel_refuses_a_message_of_another_channel_and_reports_a_gap(results:
 def test_channel_round_trips_with_checksums(results: list[dict[str, Any]]) -> None:
     sender, receiver = _outcome(results, "channel_reliability")
     assert sender["bad"] == [] and receiver["bad"] == []
+
+
+# -- issue 29: parameters, and a rank that fails before the exchange (a group of two) -------------
+
+
+def _params(seed: int) -> tuple[torch.nn.Module, tt.TensorDict]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    return model, tt.nn.from_module(model)
+
+
+def _plain(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The same parameters as a dict, as torch.distributed takes them (clones: torch writes in place)."""
+    return {k: p.clone() for k, p in model.named_parameters()}
+
+
+def _values_of(td: tt.TensorDict) -> dict[str, torch.Tensor]:
+    return {".".join(k): v for k, v in td.items(include_nested=True, leaves_only=True)}
+
+
+def parameters_and_failures(rank: int, world: int) -> dict[Any, Any]:
+    """Collectives and transfers of from_module(model) (leaves requiring grad, grad mode on), with
+    torch.distributed on a dict of the same parameters in the same run; then ranks that fail first."""
+    got: dict[Any, Any] = {"grad_enabled": torch.is_grad_enabled()}
+    model, params = _params(rank)
+    before = _snapshot(params)
+    for mode in MODES:
+        ref = _plain(model)
+        for t in ref.values():
+            dist.all_reduce(t)
+        got[("all_reduce", mode)] = (_values_of(ttd.all_reduce(params, consolidated=mode)), ref)
+        ref = _plain(model)
+        for t in ref.values():
+            dist.broadcast(t, 0)
+        got[("broadcast", mode)] = (_values_of(ttd.broadcast(params, 0, consolidated=mode)), ref)
+        ref = {}
+        for k, p in model.named_parameters():
+            parts = [torch.empty_like(p) for _ in range(world)]
+            dist.all_gather(parts, p.detach())
+            ref[k] = torch.stack(parts)
+        got[("all_gather", mode)] = (_values_of(ttd.all_gather(params, consolidated=mode)), ref)
+        if rank == 0:
+            ttd.send(params, 1, consolidated=mode)  # for recv
+            ttd.send(params, 1, consolidated=mode)  # for recv_
+            for p in _plain(model).values():
+                dist.send(p.detach(), 1)
+        else:
+            received = ttd.recv(params, 0, consolidated=mode)
+            into_model, into = _params(7)
+            ttd.recv_(into, 0, consolidated=mode)
+            ref = {k: torch.empty_like(p) for k, p in model.named_parameters()}
+            for t in ref.values():
+                dist.recv(t, 0)
+            got[("recv", mode)] = (_values_of(received), ref)
+            got[("recv_", mode)] = ({k: p.detach().clone() for k, p in into_model.named_parameters()}, ref)
+            got[("recv_ keeps", mode)] = all(p.requires_grad and p.is_leaf for p in into_model.parameters())
+    got["unchanged"] = _unchanged(params, before)
+    # a rank that fails before the exchange: the others raise at once, then everything still works
+    for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        fail = {
+            "all_reduce": lambda td: ttd.all_reduce(td),
+            "broadcast": lambda td: ttd.broadcast(td, 1),
+            "all_gather": lambda td: ttd.all_gather(td),
+            "reduce_scatter": lambda td: ttd.reduce_scatter(td),
+        }[op]
+        stacked = tt.stack([params, params])
+        got[("fails", op)] = _error(lambda: fail("not a node" if rank == 1 else stacked))
+    got[("fails", "send")] = _error(
+        lambda: ttd.send("not a node", 1) if rank == 0 else ttd.recv(params, 0)  # type: ignore[arg-type]
+    )
+    got[("fails", "recv_")] = _error(
+        lambda: ttd.send(params, 1, consolidated=False) if rank == 0 else ttd.recv_(42, 0)  # type: ignore[arg-type]
+    )
+    got["after"] = _values_of(ttd.all_reduce(params))
+    return got
+
+
+@pytest.fixture(scope="module")
+def two() -> list[dict[Any, Any]]:
+    return ttd.run_local(parameters_and_failures, 2, timeout=120.0, op_timeout=30.0)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather", "recv", "recv_"])
+@pytest.mark.parametrize("mode", MODES)
+def test_parameters_travel_by_value_as_torch_distributed_moves_them(
+    two: list[dict[Any, Any]], op: str, mode: bool | None
+) -> None:
+    assert two[0]["grad_enabled"]
+    for rank, got in enumerate(two):
+        if (op, mode) not in got:
+            assert op in ("recv", "recv_") and rank == 0
+            continue
+        mine, ref = got[(op, mode)]
+        assert sorted(mine) == sorted(ref)
+        for k, v in mine.items():
+            assert not v.requires_grad  # values: torch.distributed records no autograd history
+            assert_equal(v, ref[k].detach())
+    assert two[1][("recv_ keeps", mode)]
+    assert all(got["unchanged"] for got in two)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv_"])
+def test_a_rank_failing_before_the_exchange_makes_the_others_raise_not_wait(two: list[dict[Any, Any]], op: str) -> None:
+    failed = 0 if op == "send" else 1
+    kind, message, _ = two[failed][("fails", op)]
+    assert kind == "TypeError", message
+    kind, message, seconds = two[1 - failed][("fails", op)]
+    assert kind == "PeerFailedError", message
+    assert f"rank {failed} failed before any data moved" in message and "TypeError" in message
+    assert seconds < 10.0  # the group's timeout is 30 s
+    expected = two[0][("all_reduce", None)][1]  # torch.distributed's sum of the same parameters
+    for got in two:
+        assert sorted(got["after"]) == sorted(expected)
+        for k, v in got["after"].items():
+            assert_equal(v, expected[k].detach())

@@ -288,3 +288,13 @@ def test_rows_out_of_range_raise_index_error() -> None:
     for bad in ([10], [-11]):
         with pytest.raises(IndexError):
             td[torch.tensor(bad)]
+
+
+def test_index_tensors_that_do_not_broadcast_raise_batch_dim_error_as_torch_raises_index_error() -> None:
+    td = tt.TensorDict({"a": torch.zeros(3, 3)}, [3, 3])
+    with pytest.raises(IndexError, match="shape mismatch"):
+        torch.zeros(3, 3)[torch.tensor([], dtype=torch.long), torch.tensor([0, 0])]
+    for call in (lambda: td[[], [0, 0]], lambda: td.at[[], [0, 0]].set_(1.0), lambda: td.at[[], [0, 0]].set(1.0)):
+        with pytest.raises(BatchDimError, match=r"could not be broadcast together with shapes \[0\], \[2\]"):
+            call()
+    assert bool((td["a"] == 0).all())

@@ -543,3 +543,123 @@ def test_number_range(dtype: torch.dtype, value: Any, fits: bool) -> None:
         assert torch.equal(td["x"], expected) if value == value else bool(td["x"].isnan().all())
     else:
         _refused_untouched(td, lambda t: t.update_({"x": value}), WriteError, r"is out of its range")
+
+
+# -- issue 29: every index kind casts as a basic index does; quantized values and lazy views ------
+
+
+_INDEX_KINDS = {
+    "int": 1,
+    "slice": slice(0, 2),
+    "list": [0, 2],
+    "tensor": torch.tensor([2, 0]),
+    "mask": torch.tensor([True, False, True]),
+    "tuple": (torch.tensor([0, 1]), slice(None)),
+}
+
+
+def _mixed_dtypes() -> tt.TensorDict:
+    return tt.TensorDict(
+        {
+            "f32": torch.zeros(3, 2),
+            "f64": torch.zeros(3, 2, dtype=torch.float64),
+            "i64": torch.zeros(3, 2, dtype=torch.int64),
+            "c64": torch.zeros(3, 2, dtype=torch.complex64),
+        },
+        [3, 2],
+    )
+
+
+# the dtype each leaf of _mixed_dtypes() is given a value of, one that torch.can_cast's to it
+_SOURCE_DTYPES = {"f32": torch.float16, "f64": torch.float32, "i64": torch.int32, "c64": torch.float64}
+
+
+@pytest.mark.parametrize("kind", sorted(_INDEX_KINDS))
+@pytest.mark.parametrize("functional", [False, True])
+def test_every_index_kind_casts_the_value_as_torch_copy_does(kind: str, functional: bool) -> None:
+    index = _INDEX_KINDS[kind]
+    torch_index = torch.tensor(index) if isinstance(index, list) else index
+    td = _mixed_dtypes()
+    entry = torch.zeros(3, 2)[torch_index].shape
+    value = torch.arange(entry.numel(), dtype=torch.int32).reshape(entry) + 1  # one tensor for every leaf
+    node_value = tt.TensorDict(
+        {k: torch.full(entry, 3 - i, dtype=d) for i, (k, d) in enumerate(_SOURCE_DTYPES.items())}, entry
+    )
+    expected = {}
+    for k, leaf in _mixed_dtypes().items():
+        expected[k] = leaf.clone()
+        expected[k][torch_index] = torch.zeros_like(expected[k][torch_index]).copy_(value)  # copy_ casts
+    out = td.at[index].set(value) if functional else td.at[index].set_(value)
+    assert out is not td if functional else out is td
+    for k, leaf in expected.items():
+        assert_equal(out[k], leaf)
+    for k, leaf in expected.items():
+        leaf[torch_index] = torch.zeros_like(leaf[torch_index]).copy_(node_value[k])
+    out = out.at[index].set(node_value) if functional else out.at[index].set_(node_value)
+    for k, leaf in expected.items():
+        assert_equal(out[k], leaf)
+    if functional:
+        assert all(bool((v == 0).all()) for v in td.values())
+
+
+def test_a_quantized_value_is_refused_naming_the_key_before_any_write() -> None:
+    torch_refuses = torch.zeros(3)
+    q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8)
+    with pytest.raises(RuntimeError, match="quantized"):
+        torch_refuses.copy_(q)  # what torch does; can_cast says yes
+    assert torch.can_cast(q.dtype, torch.float32)
+    full = tt.TensorDict({"a": torch.zeros(3), "b": torch.zeros(3)}, [3])
+    for write in (
+        lambda t: t.update_({"a": torch.ones(3), "b": q}),
+        lambda t: t.copy_(tt.TensorDict({"a": torch.ones(3), "b": q}, [3])),
+        lambda t: t.at[[0, 1, 2]].set_(tt.TensorDict({"a": torch.ones(3), "b": q}, [3])),
+        lambda t: t.at[:].set_(q),
+        lambda t: t.at[torch.tensor([0, 1, 2])].set(q),
+    ):
+        _refused_untouched(full, write, WriteTypeError, r"'[ab]' holds torch.float32 and the value is a quantized")
+
+
+def test_quantized_leaves_take_float_values_as_torch_does() -> None:
+    q = torch.quantize_per_tensor(torch.zeros(3), 0.5, 0, torch.quint8)
+    td = tt.TensorDict({"q": q.clone()}, [3])
+    td.update_({"q": torch.tensor([1.0, 2.0, 3.0])})
+    expected = q.clone().copy_(torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(td["q"].dequantize(), expected.dequantize())
+
+
+def _lazy_views() -> dict[str, torch.Tensor]:
+    base = torch.tensor([1 + 2j, 3 - 4j, 5 + 6j])
+    return {"conj": torch.conj(base.clone()), "neg": torch.conj(base.clone()).imag, "plain": torch.ones(3)}
+
+
+@pytest.mark.parametrize("op", ["update_", "copy_", "zero_", "at_set_"])
+def test_lazy_conj_and_neg_views_are_written_as_tensor_methods_write_them(op: str) -> None:
+    views = _lazy_views()
+    assert views["conj"].is_conj() and views["neg"].is_neg()
+    td = tt.TensorDict(views, [3])
+    src = {"conj": torch.tensor([7j, 8.0, 9.0]), "neg": torch.tensor([1.0, 2.0, 3.0]), "plain": torch.zeros(3)}
+    expected = _lazy_views()
+    if op == "zero_":
+        td.zero_()
+        for v in expected.values():
+            v.zero_()
+    elif op == "at_set_":
+        td.at[torch.tensor([0, 2])].set_(tt.TensorDict({k: v[[0, 2]] for k, v in src.items()}, [2]))
+        for k, v in expected.items():
+            v[torch.tensor([0, 2])] = src[k][[0, 2]]
+    else:
+        td.update_(src) if op == "update_" else td.copy_(tt.TensorDict(src, [3]))
+        for k, v in expected.items():
+            v.copy_(src[k])
+    for k, v in expected.items():
+        assert td[k] is views[k]
+        assert torch.equal(td[k].resolve_conj().resolve_neg(), v.resolve_conj().resolve_neg()), k
+
+
+def test_lazy_views_keep_every_other_refusal() -> None:
+    param = torch.nn.Parameter(torch.zeros(3))
+    td = tt.TensorDict({"conj": _lazy_views()["conj"], "p": param}, [3])
+    before = td["conj"].resolve_conj().clone()
+    with pytest.raises(WriteError, match=r"'p' is a leaf that requires grad"):
+        td.zero_()
+    assert torch.equal(td["conj"].resolve_conj(), before)

@@ -1,7 +1,10 @@
 """Collectives: ``broadcast``, ``all_reduce``, ``all_gather``, ``reduce_scatter``.
 
 Each one first all-gathers the ranks' structure headers (see :mod:`._protocol`),
-so ranks whose nodes differ all raise the same error before any data moves.
+so ranks whose nodes differ all raise the same error before any data moves, and a
+rank that fails before that (a value that is not a node, a leaf it cannot pack)
+makes the others raise PeerFailedError instead of waiting for it. Leaves requiring
+grad travel by value (their data), as torch.distributed moves a Parameter's.
 Results are new, untagged nodes: the inputs are never written, not even on the
 rank whose data everyone receives.
 """
@@ -18,14 +21,33 @@ from .._base import Node
 from .._maps import rebuild
 from ..errors import BatchSizeError
 from ._layout import Layout, layout_of, pack, unpack, unpack_stacked
-from ._protocol import check_group, choose, device_of, same_device
+from ._protocol import check_group, choose, device_of, fallback_device, reason, same_device
 
 __all__ = ["broadcast", "all_reduce", "all_gather", "reduce_scatter"]
 
 
-def _plan(td: Node, consolidated: bool | None) -> tuple[Layout, list[torch.Tensor], bool, torch.device]:
-    layout, leaves = layout_of(td)
-    return layout, leaves, choose(layout, consolidated) and same_device(leaves), device_of(leaves)
+Plan = tuple[Layout, list[torch.Tensor], bool, torch.device, torch.Tensor | None]
+
+
+def _agree(op: str, td: Node, consolidated: bool | None, group: Any, ref: int, packs: bool) -> Plan:
+    """The layout, leaves, mode, device and (with ``packs``, in consolidated mode) the packed buffer,
+    once every rank's header agreed with group rank ``ref``'s (see :func:`._protocol.check_group`).
+
+    Everything this rank could fail at comes before the header exchange: when it fails, the
+    exchange carries a failure header instead, the other ranks raise PeerFailedError and this one
+    its own error, and no rank waits for data that will not come.
+    """
+    try:
+        layout, leaves = layout_of(td)
+        mode, device = choose(layout, consolidated) and same_device(leaves), device_of(leaves)
+        buf = None
+        if mode and packs:
+            buf = pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))
+    except Exception as err:
+        check_group(op, None, False, fallback_device(group), group, ref, failure=reason(err))
+        raise
+    check_group(op, layout, mode, device, group, ref)
+    return layout, leaves, mode, device, buf
 
 
 def _contiguous_copies(leaves: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -52,14 +74,12 @@ def broadcast(td: Node, src: int, *, group: Any = None, consolidated: bool | Non
         TypeError: ``td`` is not a node.
         StructureMismatchError: on every rank, when some rank's ``td`` differs from ``src``'s.
     """
-    layout, leaves, mode, device = _plan(td, consolidated)
     ref = src if group is None else dist.get_group_rank(group, src)
-    check_group("broadcast", layout, mode, device, group, ref)
     mine = dist.get_rank() == src
+    layout, leaves, mode, device, buf = _agree("broadcast", td, consolidated, group, ref, mine)
     if mode:
-        buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
-        if mine:
-            pack(layout, leaves, buf)
+        if buf is None:
+            buf = torch.empty(layout.nbytes, dtype=torch.uint8, device=device)
         if layout.nbytes:
             dist.broadcast(buf, src, group=group)
         return unpack(layout, buf)
@@ -94,10 +114,8 @@ def all_reduce(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None, cons
         TypeError: ``td`` is not a node.
         StructureMismatchError: on every rank, when the ranks' nodes differ.
     """
-    layout, leaves, mode, device = _plan(td, consolidated)
-    check_group("all_reduce", layout, mode, device, group, 0)
-    if mode:
-        buf = pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))
+    layout, leaves, mode, device, buf = _agree("all_reduce", td, consolidated, group, 0, True)
+    if buf is not None:
         for g in layout.groups:
             if g.nbytes:
                 dist.all_reduce(buf[g.start : g.start + g.nbytes].view(g.dtype), op, group=group)
@@ -136,11 +154,9 @@ def all_gather(td: Node, *, group: Any = None, consolidated: bool | None = None)
         TypeError: ``td`` is not a node.
         StructureMismatchError: on every rank, when the ranks' nodes differ.
     """
-    layout, leaves, mode, device = _plan(td, consolidated)
-    check_group("all_gather", layout, mode, device, group, 0)
+    layout, leaves, mode, device, buf = _agree("all_gather", td, consolidated, group, 0, True)
     world = dist.get_world_size(group)
-    if mode:
-        buf = pack(layout, leaves, torch.empty(layout.nbytes, dtype=torch.uint8, device=device))
+    if buf is not None:
         gathered = torch.empty(world * layout.nbytes, dtype=torch.uint8, device=device)
         if layout.nbytes:
             dist.all_gather_single(gathered, buf, group=group)
@@ -176,8 +192,7 @@ def reduce_scatter(td: Node, op: Any = dist.ReduceOp.SUM, *, group: Any = None) 
         StructureMismatchError: on every rank, when the ranks' nodes differ.
         BatchSizeError: on every rank, when ``td``'s first batch dim is not the world size.
     """
-    layout, leaves, _, device = _plan(td, False)
-    check_group("reduce_scatter", layout, False, device, group, 0)
+    layout, leaves, _, _, _ = _agree("reduce_scatter", td, False, group, 0, False)
     world = dist.get_world_size(group)
     if not td._meta[1] or td._meta[1][0] != world:
         raise BatchSizeError(

@@ -137,11 +137,16 @@ _CACHE: dict[tuple[Any, ...], Layout] = {}
 
 
 def layout_of(node: Node) -> tuple[Layout, list[torch.Tensor]]:
-    """``node``'s layout (cached by structure) and its leaves in canonical order."""
+    """``node``'s layout (cached by structure) and its leaves in canonical order, detached (views of
+    the same storages) when some require grad."""
     if not isinstance(node, Node):
         raise TypeError(f"tdtree.distributed sends nodes, got {type(node).__name__}")
     leaves: list[torch.Tensor]
     leaves, spec = optree.tree_flatten(node, namespace=NAMESPACE)  # type: ignore[arg-type]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in leaves):
+        # torch.distributed moves values, not autograd history (its ops on a Parameter write
+        # the data in place, unrecorded): packing and receiving work on the leaves' data
+        leaves = [x.detach() for x in leaves]
     key = (spec, *[(x.shape, x.dtype) for x in leaves])
     layout = _CACHE.get(key)
     if layout is None:

@@ -6,7 +6,9 @@ node the node's bytes too; see ``tdtree.distributed._protocol``). A sender posts
 its data at once too, so transfers in flight in both directions (a swap, a
 ring) always make progress; a receiver posts its receives once the headers
 agree. The blocking functions are the asynchronous ones followed by ``wait()``,
-so both run the same code.
+so both run the same code. A side that fails before it posts anything (a value that is
+not a node, a leaf it cannot pack) sends a failure header instead (see :mod:`._protocol`),
+so its peer raises PeerFailedError rather than waiting for it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from ._layout import Layout, layout_of, pack, unpack
 from ._protocol import (
     EARLY_BYTES,
     HEADER_BYTES,
+    abort_peer,
     check_peer,
     choose,
     device_of,
+    fallback_device,
     header,
     is_early,
     message,
+    reason,
     same_device,
     tags,
 )
@@ -246,28 +251,38 @@ def isend(td: Node, dst: int, *, group: Any = None, tag: int = 0, consolidated: 
         TypeError: ``td`` is not a node.
         ValueError: there is no default process group, or ``dst`` is not a rank of it.
     """
-    layout, leaves = layout_of(td)
-    mode = mode_of(td, layout, leaves, consolidated)
-    device = device_of(leaves)
-    mine = header(layout, mode, "send", device)
-    data: list[torch.Tensor] = []
-    if is_early(mode, layout.nbytes):
-        first = message(layout.nbytes, device)
-        first[:HEADER_BYTES].view(torch.int64).copy_(mine[0])
-        pack(layout, leaves, first[HEADER_BYTES:])
-    else:
-        first = mine[0].view(torch.uint8)
-        data = outgoing(layout, leaves, mode, device)
+    resolve(dst, group)  # a wrong rank or no process group: nobody to tell
+    try:
+        layout, leaves = layout_of(td)
+        mode = mode_of(td, layout, leaves, consolidated)
+        device = device_of(leaves)
+        mine = header(layout, mode, "send", device)
+        data: list[torch.Tensor] = []
+        if is_early(mode, layout.nbytes):
+            first = message(layout.nbytes, device)
+            first[:HEADER_BYTES].view(torch.int64).copy_(mine[0])
+            pack(layout, leaves, first[HEADER_BYTES:])
+        else:
+            first = mine[0].view(torch.uint8)
+            data = outgoing(layout, leaves, mode, device)
+    except Exception as err:
+        abort_peer("send", reason(err), dst, group, tag, fallback_device(group))
+        raise
     return Transfer("send", layout, mine, first, dst, group, tags("send", tag), data, None)
 
 
 def _irecv(
     op: str, like: Node, src: int, group: Any, tag: int, consolidated: bool | None, into: Node | None
 ) -> Transfer:
-    layout, leaves = layout_of(like)
-    mode = mode_of(like, layout, leaves, consolidated)
-    device = device_of(leaves)
-    mine = header(layout, mode, op, device)
+    resolve(src, group)  # a wrong rank or no process group: nobody to tell
+    try:
+        layout, leaves = layout_of(like)
+        mode = mode_of(like, layout, leaves, consolidated)
+        device = device_of(leaves)
+        mine = header(layout, mode, op, device)
+    except Exception as err:
+        abort_peer(op, reason(err), src, group, tag, fallback_device(group))
+        raise
 
     def post() -> tuple[list[Any], Callable[[], Any]]:
         if is_early(mode, layout.nbytes):

@@ -28,6 +28,13 @@ views.
 
 Collectives all-gather the headers, then move data only when all agree.
 
+A process that fails before the exchange (its value is not a node, a leaf cannot be
+packed) still takes part in it: it sends a *failure header* (op ``ABORT``) in place of its
+own, and its error text where the others send their descriptions, then raises its own
+error; the others raise :class:`~tdtree.errors.PeerFailedError` naming its rank and that
+text, rather than waiting for its data until the process group's timeout. The marker rides
+the header every exchange sends anyway, so an exchange that goes well costs nothing more.
+
 Mode: ``consolidated=None`` picks the consolidated buffer when the messages it
 saves cost more than the copy it makes (see :func:`choose`).
 """
@@ -41,7 +48,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import StructureMismatchError
+from ..errors import PeerFailedError, StructureMismatchError
 from ._layout import Layout, differences
 
 __all__ = [
@@ -58,6 +65,9 @@ __all__ = [
     "same_device",
     "check_peer",
     "check_group",
+    "abort_peer",
+    "fallback_device",
+    "reason",
     "tags",
 ]
 
@@ -75,6 +85,7 @@ OPS = {
     "reduce_scatter": 6,
     "channel": 7,
 }
+ABORT = 8  # the op of a failure header: the sender failed before the exchange
 _OP_NAMES = {1: "send", 2: "recv", 3: "broadcast", 4: "all_reduce", 5: "all_gather", 6: "reduce_scatter", 7: "Channel"}
 _PARTNERS = {1: 2, 2: 1}  # the op a point-to-point peer must have called; any other op pairs with itself
 _MODES = {0: "per-leaf", 1: "consolidated"}
@@ -217,11 +228,25 @@ def check_peer(
         raise StructureMismatchError(op, [f"{them} sent a message of a Channel on these tags, not a {op} header"])
     if theirs[0] != MAGIC:
         raise StructureMismatchError(op, [f"{them} sent a message that is not a tdtree header: {theirs}"])
-    own = _encode(layout.description, device)
-    size = torch.empty(1, dtype=torch.int64, device=device)
-    _swap(torch.tensor([own.numel()], dtype=torch.int64, device=device), size, peer, group, tags)
-    other = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    _swap(own, other, peer, group, tags)
+    other = _swap_json(layout.description, device, peer, group, tags)
+    described = _settle(op, theirs, other, device, peer, group, tags, sent)
+    if theirs[4] == ABORT:
+        raise PeerFailedError(op, peer, str(described[1]))
+    raise StructureMismatchError(op, _explain(layout.description, described, mine, theirs, me, them))
+
+
+def _settle(
+    op: str,
+    theirs: list[int],
+    other: torch.Tensor,
+    device: torch.device,
+    peer: int,
+    group: Any,
+    tags: tuple[int, int, int],
+    sent: list[Any],
+) -> Any:
+    """The peer's description (``other``, decoded), after no message of this transfer is left:
+    a sender waits for its data messages (``sent``) to go, a side facing a sender receives them."""
     described = _decode(other)
     if OPS[op] == OPS["send"]:
         for w in sent:
@@ -229,7 +254,49 @@ def check_peer(
     elif theirs[4] == OPS["send"]:
         for n in _message_sizes(theirs, described):
             dist.recv(torch.empty(n, dtype=torch.uint8, device=device), peer, group=group, tag=tags[2])
-    raise StructureMismatchError(op, _explain(layout.description, described, mine, theirs, me, them))
+    return described
+
+
+def reason(err: BaseException) -> str:
+    """What a failure header's sender tells the others about ``err``."""
+    return f"{type(err).__name__}: {err}"
+
+
+def fallback_device(group: Any) -> torch.device:
+    """The device a failure header travels from when the node gave none: the CPU, or for nccl the
+    current CUDA device (nccl moves nothing else)."""
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _failure_header(device: torch.device) -> torch.Tensor:
+    return torch.tensor([MAGIC, 0, 0, 0, ABORT], dtype=torch.int64, device=device)
+
+
+def abort_peer(op: str, why: str, peer: int, group: Any, tag: int, device: torch.device) -> None:
+    """Take this side's part in a point-to-point exchange it failed to prepare: swap a failure
+    header for the peer's first message, then descriptions (``why`` for this side's), and
+    receive what a sending peer posted, so the peer raises PeerFailedError and no message is
+    left for a later transfer. The caller raises its own error after."""
+    ends = tags(op, tag)
+    first = message(0 if OPS[op] == OPS["send"] else EARLY_BYTES, device)
+    _swap(_failure_header(device).view(torch.uint8), first, peer, group, ends)
+    theirs = first[:HEADER_BYTES].view(torch.int64).tolist()
+    if theirs[0] != MAGIC:
+        return  # not a tdtree header: the peer raises on ours, and sends nothing more
+    other = _swap_json(["failed", why], device, peer, group, ends)
+    _settle(op, theirs, other, device, peer, group, ends, [])
+
+
+def _swap_json(value: Any, device: torch.device, peer: int, group: Any, tags: tuple[int, int, int]) -> torch.Tensor:
+    """Send ``value`` (JSON) to ``peer`` and receive its own: the length first, then the bytes."""
+    own = _encode(value, device)
+    size = torch.empty(1, dtype=torch.int64, device=device)
+    _swap(torch.tensor([own.numel()], dtype=torch.int64, device=device), size, peer, group, tags)
+    other = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    _swap(own, other, peer, group, tags)
+    return other
 
 
 def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tags: tuple[int, int, int]) -> None:
@@ -241,21 +308,56 @@ def _swap(out: torch.Tensor, into: torch.Tensor, peer: int, group: Any, tags: tu
         w.wait()
 
 
-def check_group(op: str, layout: Layout, consolidated: bool, device: torch.device, group: Any, ref: int) -> None:
+def check_group(
+    op: str,
+    layout: Layout | None,
+    consolidated: bool,
+    device: torch.device,
+    group: Any,
+    ref: int,
+    failure: str | None = None,
+) -> None:
     """All-gather the headers; return when every rank's equals rank ``ref``'s (a group rank), else raise
-    on every rank the same error naming, for each differing rank, how it differs from ``ref``."""
-    mine, _ = header(layout, consolidated, op, device)
+    on every rank the same error naming, for each differing rank, how it differs from ``ref``.
+
+    ``failure``: this rank failed to prepare (``layout`` may be None); it sends a failure header and
+    this text, and returns once the others know (the caller raises its own error). When some rank
+    failed, the others raise PeerFailedError naming the first such rank.
+    """
+    mine = (
+        _failure_header(device)
+        if failure is not None or layout is None
+        else header(layout, consolidated, op, device)[0]
+    )
     world = dist.get_world_size(group)
     table = torch.empty(world * 5, dtype=torch.int64, device=device)
     dist.all_gather_single(table, mine, group=group)
     rows = table.view(world, 5).tolist()
     if all(row == rows[ref] for row in rows):
         return
+    failed = [r for r, row in enumerate(rows) if row[4] == ABORT]
+    if failed:
+        texts = _gather_json(["failed", failure] if failure is not None else [], device, group, world)
+        if failure is not None:
+            return
+        rank = failed[0] if group is None else dist.get_global_rank(group, failed[0])
+        raise PeerFailedError(op, rank, str(texts[failed[0]][1]))
     ops = {row[4] for row in rows}
     if len(ops) > 1:
         calls = ", ".join(f"rank {r} called {_OP_NAMES.get(row[4], row[4])}" for r, row in enumerate(rows))
         raise StructureMismatchError(op, [f"the ranks called different collectives: {calls}"])
-    own = _encode(layout.description, device)
+    assert layout is not None  # a rank without a layout sends a failure header
+    described = _gather_json(layout.description, device, group, world)
+    lines = []
+    for r, row in enumerate(rows):
+        if row != rows[ref]:
+            lines += _explain(described[r], described[ref], row, rows[ref], f"rank {r}", f"rank {ref}")
+    raise StructureMismatchError(op, lines)
+
+
+def _gather_json(value: Any, device: torch.device, group: Any, world: int) -> list[Any]:
+    """Every rank's ``value`` (JSON), by group rank: two all-gathers, the lengths then the bytes."""
+    own = _encode(value, device)
     sizes = torch.empty(world, dtype=torch.int64, device=device)
     dist.all_gather_single(sizes, torch.tensor([own.numel()], dtype=torch.int64, device=device), group=group)
     longest = int(sizes.max().item())
@@ -263,9 +365,4 @@ def check_group(op: str, layout: Layout, consolidated: bool, device: torch.devic
     padded[: own.numel()] = own
     everyone = torch.empty(world * longest, dtype=torch.uint8, device=device)
     dist.all_gather_single(everyone, padded, group=group)
-    described = [_decode(everyone[r * longest : r * longest + int(sizes[r])]) for r in range(world)]
-    lines = []
-    for r, row in enumerate(rows):
-        if row != rows[ref]:
-            lines += _explain(described[r], described[ref], row, rows[ref], f"rank {r}", f"rank {ref}")
-    raise StructureMismatchError(op, lines)
+    return [_decode(everyone[r * longest : r * longest + int(sizes[r])]) for r in range(world)]
