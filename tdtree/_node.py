@@ -517,4 +517,7 @@ class TensorDict(Node):
 
 
 register(TensorDict)
+# A virtual subclass: torch (load_state_dict, collate) and other libraries ask isinstance(x, Mapping). Registered,
+# not inherited: no ABCMeta on the node's class and no mixin methods; subclasses and tagged types follow.
+Mapping.register(TensorDict)
 __test__ = {"TensorDict": TensorDict}  # doctest finds the methods' examples here (the class's module is "tdtree")
