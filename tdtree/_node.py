@@ -366,6 +366,7 @@ class TensorDict(Node):
     tanh = _ops.tanh
     sign = _ops.sign
     clamp = _ops.clamp
+    detach = _ops.detach
     sum = _ops.sum
     mean = _ops.mean
     amax = _ops.amax
