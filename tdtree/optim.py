@@ -213,7 +213,10 @@ def _adam_leafwise(
             if h.decoupled:
                 p = p * (1 - h.lr * h.weight_decay)
             else:
-                g = torch.add(g, p, alpha=h.weight_decay)
+                # compiled, not torch.add(g, p, alpha=...): inductor (torch 2.13, CPU) miscompiles that add
+                # when g comes from torch.func.grad in the same graph (steps off by 2 lr); elsewhere the one
+                # fused add keeps eager's rounding, which Adam's small denominators amplify over many steps
+                g = g + p * h.weight_decay if is_compiling() else torch.add(g, p, alpha=h.weight_decay)
         m = torch.lerp(m, g, 1 - h.beta1)
         v = torch.addcmul(v * h.beta2, g, g, value=1 - h.beta2)
         scalars = by_dtype.get(p.dtype)
