@@ -170,6 +170,7 @@ ROWS: list[Row] = [
     Row("tanh", lambda x: x.tanh(), tmap(torch.tanh)),
     Row("sign", lambda x: x.sign(), tmap(torch.sign)),
     Row("clamp", lambda x: x.clamp(-0.5, 0.5), tmap(lambda t: t.clamp(-0.5, 0.5))),
+    Row("detach", lambda x: x.detach(), tmap(torch.Tensor.detach), diff=False),
     Row("where", lambda x: x.where(x > 0, 0.0), tmap(lambda t: torch.where(t > 0, t, 0.0))),
     Row("tt_where", lambda x: tt.where(x > 0, x, -x), tmap(lambda t: torch.where(t > 0, t, -t))),
     # reductions over batch dims

@@ -394,6 +394,7 @@ class TensorDict(Node):
     tanh = _ops.tanh
     sign = _ops.sign
     clamp = _ops.clamp
+    detach = _ops.detach
     sum = _ops.sum
     mean = _ops.mean
     amax = _ops.amax
@@ -575,4 +576,7 @@ class TensorDict(Node):
 
 
 register(TensorDict)
+# A virtual subclass: torch (load_state_dict, collate) and other libraries ask isinstance(x, Mapping). Registered,
+# not inherited: no ABCMeta on the node's class and no mixin methods; subclasses and tagged types follow.
+Mapping.register(TensorDict)
 __test__ = {"TensorDict": TensorDict}  # doctest finds the methods' examples here (the class's module is "tdtree")

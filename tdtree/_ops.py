@@ -66,6 +66,7 @@ __all__ = [
     "tanh",
     "sign",
     "clamp",
+    "detach",
     "where",
     "sum",
     "mean",
@@ -216,6 +217,25 @@ sign = _unary("sign", torch._foreach_sign)
 
 
 @tag_rule
+@tag_rule
+def detach(node: NodeT) -> NodeT:
+    """Every leaf detached from autograd (``Tensor.detach``), as ``td.detach()`` (tensordict's ``detach``).
+
+    Returns:
+        A new node of the same keys and batch size whose leaves share the input's storage and
+        require no grad (an ``nn.Parameter`` leaf becomes a plain tensor). The storage is the
+        input's, so the tags are kept (the rule).
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"w": torch.ones(2, requires_grad=True)})
+    >>> out = td.detach()
+    >>> out["w"].requires_grad, out["w"].data_ptr() == td["w"].data_ptr()
+    (False, True)
+    """
+    leaves, spec = flat(node)
+    return unflat(spec, [x.detach() for x in leaves])
+
+
 def clamp(node: NodeT, min: Any = None, max: Any = None) -> NodeT:  # noqa: A002
     """``torch.clamp(leaf, min, max)`` for every leaf.
 

@@ -372,3 +372,18 @@ def test_reductions_drop_tags():
 def test_bool_of_node_still_raises():
     with pytest.raises(RuntimeError, match="truth value of a TensorDict is ambiguous"):
         bool(flat() == flat())
+
+
+def test_detach_shares_storage_drops_autograd_and_keeps_tags():
+    w = torch.randn(4, 3, requires_grad=True)
+    td = TensorDict({"w": w * 2, "s": {"p": torch.nn.Parameter(torch.ones(4))}}, [4])
+    out = td.detach()
+    for key in (("w",), ("s", "p")):
+        expected = td[key].detach()
+        assert_equal(out[key], expected)
+        assert type(out[key]) is torch.Tensor and not out[key].requires_grad
+        assert out[key].data_ptr() == td[key].data_ptr()
+    assert out.batch_size == td.batch_size and out["s"].batch_size == td["s"].batch_size
+    locked = td.lock()
+    assert locked.detach().tags == locked.tags and locked.detach()["s"].tags == locked.tags
+    assert td["w"].requires_grad  # the input is unchanged

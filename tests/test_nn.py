@@ -379,8 +379,8 @@ def test_tdmodule_missing_key_and_bad_construction() -> None:
         mod(batch())
     with pytest.raises(ValueError, match="at least one out key"):
         TDModule(nn.Identity(), "x", [])
-    with pytest.raises(ValueError, match=r"name a key twice"):
-        TDModule(nn.Identity(), ["x", ("x",)], "y")
+    with pytest.raises(ValueError, match=r"out_keys \['y', 'y'\] name a key twice"):
+        TDModule(nn.Identity(), "x", ["y", ("y",)])
     with pytest.raises(TypeError, match="keys are str or tuples of str"):
         TDModule(nn.Identity(), [3], "y")
 

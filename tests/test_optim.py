@@ -1,4 +1,4 @@
-"""tdtree.optim: pure sgd and adam agree with torch.optim step for step."""
+"""tdtree.optim: pure sgd, adam, adamw and clip_grad_norm agree with torch.optim / torch.nn.utils step for step."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 
 import tdtree as tt
 from tdtree.nn import from_module, functional_call
-from tdtree.optim import AdamState, adam, adam_init, sgd
+from tdtree.optim import AdamState, adam, adam_init, adamw, clip_grad_norm, sgd
 from tdtree.testing import assert_close, assert_equal
 
 
@@ -198,3 +198,168 @@ def test_steps_over_dicts_and_mixed_trees_equal_the_steps_over_nodes(which: str)
     torch.testing.assert_close(on_dicts["w"], expected, rtol=1e-5, atol=1e-5)
     for a, b in zip(tt.tree.leaves(dict_state), tt.tree.leaves(node_state), strict=True):
         torch.testing.assert_close(a, b)
+
+
+# -- bitwise against torch.optim over 100 steps -------------------------------------------------
+
+
+def mlp(dtype: torch.dtype, seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 2)).to(dtype)
+
+
+TORCH_OPTIMS: dict[str, tuple[Any, Any, dict[str, Any]]] = {
+    "adam": (torch.optim.Adam, adam, {"lr": 1e-2}),
+    "adam_l2": (torch.optim.Adam, adam, {"lr": 1e-2, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}),
+    "adamw": (torch.optim.AdamW, adamw, {"lr": 1e-2, "weight_decay": 0.1}),
+    "adamw_default_decay": (torch.optim.AdamW, adamw, {"lr": 3e-3}),
+}
+
+
+def side_by_side(
+    name: str, dtype: torch.dtype, context: str, members: int = 1, steps: int = 100
+) -> list[tuple[tt.TensorDict, nn.Module, nn.Module]]:
+    """``steps`` steps of tdtree's optimiser ``name`` (eager, in a vmap over ``members`` models, or
+    compiled) beside torch.optim's with foreach=True and foreach=False on copies of the same models;
+    per member: (tdtree's parameters, torch's foreach model, torch's for-loop model)."""
+    torch_cls, step_fn, kwargs = TORCH_OPTIMS[name]
+    torch.manual_seed(1)
+    x, y = torch.randn(32, 6, dtype=dtype), torch.randn(32, 2, dtype=dtype)
+    pairs = [(mlp(dtype, i), mlp(dtype, i)) for i in range(members)]
+    trained = [
+        (m, torch_cls(m.parameters(), foreach=f, **kwargs)) for pair in pairs for m, f in zip(pair, (True, False))
+    ]
+    base = mlp(dtype, 0)
+
+    def loss(p: tt.TensorDict) -> torch.Tensor:
+        return ((functional_call(base, p, x) - y) ** 2).mean()
+
+    def step(p: tt.TensorDict, s: AdamState) -> tuple[tt.TensorDict, AdamState]:
+        return step_fn(p, torch.func.grad(loss)(p), s, **kwargs)
+
+    f: Any = step
+    if context == "vmap":
+        params = tt.stack([detached(m) for m, _ in pairs])
+        state = tt.vmap(adam_init)(params)
+        f = tt.vmap(step)
+    else:
+        params = detached(pairs[0][0])
+        state = adam_init(params)
+        if context == "compile":
+            f = torch.compile(step, fullgraph=True, backend="aot_eager")
+    for _ in range(steps):
+        params, state = f(params, state)
+        for model, opt in trained:
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+    assert (state.step == steps).all()
+    per_member = [params[i] for i in range(members)] if context == "vmap" else [params]
+    return [(p, a, b) for p, (a, b) in zip(per_member, pairs)]
+
+
+def max_abs_diff(params: tt.TensorDict, model: nn.Module) -> float:
+    return max((a - b).abs().max().item() for a, b in zip(tt.tree.leaves(params), tt.tree.leaves(detached(model))))
+
+
+@pytest.fixture
+def one_thread() -> Any:
+    # 100 steps of three small models: torch's thread pool only adds contention at this size
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", sorted(TORCH_OPTIMS))
+def test_adam_and_adamw_equal_torch_bitwise_over_100_steps(name: str, dtype: torch.dtype, one_thread: Any) -> None:
+    for params, with_foreach, with_loop in side_by_side(name, dtype, "eager"):
+        assert max_abs_diff(params, with_foreach) == 0.0
+        assert max_abs_diff(params, with_loop) == 0.0
+
+
+@pytest.mark.parametrize("context", ["vmap", "compile"])
+@pytest.mark.parametrize("name", ["adam_l2", "adamw"])
+def test_adam_and_adamw_in_an_ensemble_vmap_and_compiled_agree_with_torch(
+    name: str, context: str, one_thread: Any
+) -> None:
+    """Inside vmap and compiled the bias corrections are float64 tensors: torch's compiled-vs-eager
+    tolerance (torch.testing's float32 defaults) over 100 float32 steps, for each ensemble member."""
+    members = 3 if context == "vmap" else 1
+    for params, with_foreach, with_loop in side_by_side(name, torch.float32, context, members):
+        assert_close(params, detached(with_foreach))
+        assert_close(params, detached(with_loop))
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_with_weight_decay_dampening_nesterov_equals_torch_bitwise(nesterov: bool, one_thread: Any) -> None:
+    torch.manual_seed(1)
+    x, y = torch.randn(32, 6), torch.randn(32, 2)
+    kwargs: dict[str, Any] = {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01, "nesterov": nesterov}
+    if not nesterov:
+        kwargs["dampening"] = 0.1  # torch refuses dampening with nesterov
+    models = [mlp(torch.float32, 0), mlp(torch.float32, 0)]
+    opts = [torch.optim.SGD(m.parameters(), foreach=f, **kwargs) for m, f in zip(models, (True, False))]
+    params, buf = detached(models[0]), None
+    base = mlp(torch.float32, 0)
+    extra = {k: v for k, v in kwargs.items() if k not in ("lr", "momentum")}
+    for _ in range(100):
+        grads = torch.func.grad(lambda p: ((functional_call(base, p, x) - y) ** 2).mean())(params)
+        params, buf = sgd(params, grads, kwargs["lr"], kwargs["momentum"], buf, **extra)
+        for model, opt in zip(models, opts):
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+    for model in models:
+        assert max_abs_diff(params, model) == 0.0
+
+
+def test_adamw_decays_the_parameters_not_the_gradient() -> None:
+    p, g = params_and_grads()
+    zero = tt.tree.map(torch.zeros_like, g)
+    decayed, _ = adamw(p, zero, adam_init(p), lr=0.1, weight_decay=0.5)
+    # a zero gradient leaves Adam's update at zero: what remains is the decay, p * (1 - lr * wd)
+    assert_equal(decayed, p * (1 - 0.1 * 0.5))
+    l2, _ = adam(p, zero, adam_init(p), lr=0.1, weight_decay=0.5)
+    # L2 turns the zero gradient into 0.5 p: the first Adam step moves by lr against its sign
+    assert_close(l2, p - 0.1 * p.sign(), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf")])
+@pytest.mark.parametrize("max_norm", [0.1, 1e3])
+def test_clip_grad_norm_equals_torch_bitwise(norm_type: float, max_norm: float) -> None:
+    model = Net()
+    torch.manual_seed(3)
+    ((model(torch.randn(8, 6)) - 1) ** 2).mean().backward()
+    grads = tt.tree.map(lambda p: p.grad.clone(), from_module(model))
+    before = [t.clone() for t in tt.tree.leaves(grads)]
+    named = dict(model.named_parameters())
+    # torch's norm of norms depends on the order of the parameters: give them in the node's key order
+    ordered = [named[".".join(k)] for k in grads.keys(include_nested=True, leaves_only=True)]
+    clipped, total = clip_grad_norm(grads, max_norm, norm_type)
+    expected_total = nn.utils.clip_grad_norm_(ordered, max_norm, norm_type)
+    assert torch.equal(total, expected_total)
+    for t, p in zip(tt.tree.leaves(clipped), ordered):
+        assert torch.equal(t, p.grad)
+    assert all(torch.equal(a, b) for a, b in zip(tt.tree.leaves(grads), before))  # the input is unchanged
+    assert clipped.tags == frozenset() and clipped.batch_size == grads.batch_size
+
+
+def test_clip_grad_norm_in_vmap_per_member_and_over_dicts() -> None:
+    torch.manual_seed(4)
+    g = tt.TensorDict({"w": torch.randn(3, 4, 2), "n": {"b": torch.randn(3, 5)}}, batch_size=[3])
+    clipped, total = tt.vmap(lambda q: clip_grad_norm(q, 0.5))(g)
+    for i in range(3):
+        ws = [g["n", "b"][i].clone(), g["w"][i].clone()]
+        for w in ws:
+            w.grad = w.clone()
+        expected = nn.utils.clip_grad_norm_(ws, 0.5)
+        torch.testing.assert_close(total[i], expected)
+        torch.testing.assert_close(clipped["n", "b"][i], ws[0].grad)
+        torch.testing.assert_close(clipped["w"][i], ws[1].grad)
+    as_dict, dict_total = clip_grad_norm(g.to_dict(), 0.5)
+    assert type(as_dict) is dict
+    assert torch.equal(dict_total, clip_grad_norm(g, 0.5)[1])
+    empty, zero = clip_grad_norm(tt.TensorDict({}), 1.0)
+    assert len(empty) == 0 and zero.item() == 0.0

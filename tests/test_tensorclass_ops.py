@@ -205,3 +205,11 @@ def test_a_pickle_names_the_rebuild_function_where_older_pickles_found_it() -> N
     assert "tdtree._tensorclass" in ops and "_unpickle" in ops
     back = pickle.loads(pickle.dumps(rec))
     assert_fields(back, rec.x, rec.inner.y)
+
+
+def test_detach_keeps_storage_and_tags() -> None:
+    rec = make_rec().apply(lambda t: t.requires_grad_())
+    out = rec.detach()
+    assert_fields(out, rec.x.detach(), rec.inner.y.detach())
+    assert not out.x.requires_grad and out.x.data_ptr() == rec.x.data_ptr()
+    assert rec.lock().detach().tags == frozenset({Locked})

@@ -330,6 +330,10 @@ class RecordOps(Holder):
         """``torch.clamp(leaf, min, max)`` for every leaf; drops tags."""
         return self._wrap(self._td.clamp(min, max))
 
+    def detach(self) -> Self:
+        """Every leaf detached from autograd (``Tensor.detach``); the storage is kept, and so are the tags."""
+        return self._wrap(self._td.detach())
+
     def where(self, condition: Any, other: Any) -> Self:
         """Self where ``condition`` holds, else ``other`` (an instance, node, tensor or number)."""
         return self._wrap(self._td.where(_unwrap(condition), _unwrap(other)))

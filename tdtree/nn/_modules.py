@@ -25,11 +25,13 @@ from ..errors import KeyNotFoundError, OutKeysError
 __all__ = ["TDModule", "TDSequential"]
 
 
-def _paths(keys: NestedKey | Sequence[NestedKey], what: str) -> tuple[tuple[str, ...], ...]:
+def _paths(keys: NestedKey | Sequence[NestedKey], what: str, repeats: bool = False) -> tuple[tuple[str, ...], ...]:
+    """``keys`` as paths; a key named twice is a ValueError unless ``repeats`` (in keys: a module may
+    read one entry as several arguments, as self-attention reads one key as query, key and value)."""
     if is_key(keys):
         return (as_path(keys),)
     paths = tuple(as_path(k) for k in keys)
-    if len(set(paths)) != len(paths):
+    if not repeats and len(set(paths)) != len(paths):
         raise ValueError(f"{what} {[display(p) for p in paths]} name a key twice")
     return paths
 
@@ -42,15 +44,17 @@ class TDModule(nn.Module):
             ``in_keys`` as positional arguments.
         in_keys: a key (a str, or a tuple of str for a nested key) or a list
             of keys, as in tensordict: ``("obs", "pixels")`` is one nested key.
-        out_keys: a key or a list of keys; a module that returns a tuple fills
-            one key per element, in order.
+            A key may be named more than once: the entry is passed once per
+            name (self-attention: ``in_keys=["x", "x", "x"]``).
+        out_keys: a key or a list of keys, each named once; a module that
+            returns a tuple fills one key per element, in order.
 
     Calling it on a node returns ``node.set(out_key, output)`` for every out
     key (the input is not changed). Tags follow the rule of ``set``: a new
     output tensor drops them, and a Locked node refuses (LockedError).
 
     Raises:
-        ValueError: no out key, or a key given twice in ``in_keys`` or ``out_keys``.
+        ValueError: no out key, or a key given twice in ``out_keys``.
         TypeError: a key is not a str or tuple of str.
 
     Calling it raises as :meth:`forward`.
@@ -65,7 +69,7 @@ class TDModule(nn.Module):
         """Wrap ``module`` (Args and Raises: see the class docstring)."""
         super().__init__()
         self.module = module
-        self._in = _paths(in_keys, "in_keys")
+        self._in = _paths(in_keys, "in_keys", repeats=True)
         self._out = _paths(out_keys, "out_keys")
         if not self._out:
             raise ValueError("TDModule needs at least one out key to write the module's output to")

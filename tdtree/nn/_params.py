@@ -17,8 +17,9 @@ from .._base import Node, make
 from .._node import TensorDict
 from .._torch_private import is_compiling
 from .._validate import CPU
+from ..errors import KeyMismatchError, KeyNotFoundError, WriteShapeError
 
-__all__ = ["from_module", "functional_call"]
+__all__ = ["from_module", "functional_call", "state_dict", "to_module"]
 
 # modules torch's functional_call refuses (with its own error): they take its path
 _REFUSED = (torch.jit.ScriptModule, nn.DataParallel)
@@ -239,3 +240,77 @@ def functional_call(module: nn.Module, params: Node | tuple[Node, ...], *args: A
     if not untied:
         _tie(module, flat)
     return torch.func.functional_call(module, flat, args, kwargs, tie_weights=False, strict=False)
+
+
+def state_dict(params: Node) -> dict[str, torch.Tensor]:
+    """The node as a flat dict of the module's names (``"0.weight"``), as ``module.state_dict()`` names them.
+
+    The one conversion for torch's entry points that ask for a real ``dict``:
+    ``torch.func.functional_call(module, state_dict(params), x)`` (a node is a Mapping, so
+    ``module.load_state_dict(params.flatten_keys("."))`` works without it, as does this).
+
+    Args:
+        params: a node laid out as :func:`from_module` returns it.
+
+    Returns:
+        A new dict from dotted names to the node's own tensors (not copied, not detached, so
+        gradients flow through it), in the node's key order. A dict holds no tags.
+
+    >>> m = nn.Sequential(nn.Linear(2, 1))
+    >>> sorted(state_dict(from_module(m))) == sorted(m.state_dict())
+    True
+    """
+    out: dict[str, torch.Tensor] = {}
+    _flat(params, "", out)
+    return out
+
+
+def to_module(params: Node, module: nn.Module, *, strict: bool = True) -> nn.Module:
+    """Write the node's values into ``module``'s parameters and buffers, in place (tensordict's ``to_module``).
+
+    The module keeps its own tensor objects (optimisers and hooks holding them still see
+    them): each is written with ``copy_`` under ``torch.no_grad()``, casting the dtype and
+    moving the device as ``load_state_dict`` does. Every key and shape is checked before the
+    first write, so a refused call leaves the module unchanged.
+
+    Args:
+        params: a node laid out as :func:`from_module` returns it (nested by sub-module path),
+            or a flat node of dotted names (``params.flatten_keys(".")``) as well.
+        module: the module to write into.
+        strict: the node must hold every parameter and buffer of the module (as
+            ``load_state_dict(strict=True)``); False writes what the node holds.
+
+    Returns:
+        ``module`` itself.
+
+    Raises:
+        KeyNotFoundError: a key of the node is no parameter or buffer of the module (the
+            message names it and lists the module's names).
+        KeyMismatchError: ``strict`` and the module has entries the node lacks.
+        WriteShapeError: a value's shape differs from the module's tensor (both shapes named).
+
+    >>> m = nn.Linear(2, 1)
+    >>> _ = to_module(from_module(m).apply(torch.zeros_like), m)
+    >>> m.weight.abs().sum().item()
+    0.0
+    """
+    given = state_dict(params)
+    own: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+    own.update(module.named_buffers(remove_duplicate=False))
+    pairs = []
+    for name, value in given.items():
+        target = own.get(name)
+        if target is None:
+            raise KeyNotFoundError(name, own)
+        if value.shape != target.shape:
+            raise WriteShapeError(
+                f"to_module: {name!r} has shape {tuple(value.shape)} in the node and {tuple(target.shape)} in "
+                f"the {type(module).__name__}; nothing was written"
+            )
+        pairs.append((target, value))
+    if strict and len(given) != len(own):
+        raise KeyMismatchError("to_module (strict)", given, own)
+    with torch.no_grad():
+        for target, value in pairs:
+            target.copy_(value)
+    return module
