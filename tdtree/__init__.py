@@ -45,7 +45,7 @@ from .interop import to_tensordict as to_tensordict
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("distributed", "nn", "optim", "testing")
+_SUBPACKAGES = ("distributed", "func", "nn", "optim", "testing")
 
 
 def __getattr__(name: str) -> Any:
