@@ -1,13 +1,16 @@
-"""``tdtree.func.grad`` and ``grad_and_value``: ``torch.func.grad`` over nodes, flattened once.
+"""``tdtree.func.grad`` and ``grad_and_value``: ``torch.func.grad`` for training loops over nodes.
 
-``torch.func.grad(f)(params, batch)`` works on nodes as it is (they are torch pytrees), but torch
-walks a node with its Python pytree: for each call it flattens the differentiated arguments, builds a
-``TreeSpec`` per sub-node, unflattens them to hand ``f`` its wrapped nodes and unflattens the
-gradients again. For the small models of a training loop that walk is a large part of a step.
-These wrappers flatten each differentiated argument once with optree (namespace ``"tdtree"``), hand
-``torch.func`` a tuple of leaves, rebuild the nodes around the wrapped leaves for ``f``, and rebuild
-the gradients from the leaves it returns. The computation is the same, so values and gradients are
-those of ``torch.func.grad`` over the node, bit for bit.
+``torch.func.grad(f)(params, batch)`` works on nodes as it is (they are torch pytrees), but it costs
+a small model's training step twice over: torch walks every sub-node with its Python pytree on each
+call (flatten, a ``TreeSpec`` per sub-node, unflatten to hand ``f`` its nodes, unflatten the
+gradients), and functorch runs ``f`` on wrapped tensors and differentiates with ``create_graph=True``
+so that gradients stay differentiable at the level outside. These wrappers flatten each
+differentiated argument once (a node by a walk of its entries, any other tree with optree in the
+``"tdtree"`` namespace) and rebuild nodes from the leaves. In plain eager code, when no argument
+leaf requires grad and no transform is active, one forward and ``torch.autograd.grad`` give what
+torch.func gives (with ``create_graph`` only when ``f`` reaches a tensor outside requiring grad);
+otherwise, inside ``vmap``, another ``grad`` or ``torch.compile``, ``torch.func.grad_and_value``
+runs over the tuple of leaves. Either way values and gradients are ``torch.func.grad``'s, bit for bit.
 
 Tags follow ``torch.func``'s: ``f`` is handed nodes rebuilt from leaves, which are untagged (DESIGN
 3.1), and the gradients are new tensors, untagged.
@@ -22,7 +25,9 @@ from typing import Any
 import optree
 import torch
 
+from ._maps import flat_tree, unflat_tree
 from ._pytree import NAMESPACE
+from ._torch_private import transforms_active
 
 __all__ = ["grad", "grad_and_value"]
 
@@ -48,18 +53,22 @@ def grad_and_value(
     """``torch.func.grad_and_value`` for functions of nodes: ``(gradients, value)``, as torch returns them.
 
     Each argument at ``argnums`` (any tree in the ``"tdtree"`` namespace: a node, a dict or tuple of
-    nodes and tensors) is flattened once with optree; ``torch.func.grad_and_value`` differentiates
-    with respect to the tuple of its leaves, and ``func`` is called with the argument rebuilt around
-    them. Arguments not in ``argnums`` and keyword arguments are passed as they are. ``None`` in a
-    differentiated argument is an empty subtree, as in :mod:`tdtree.tree` (its gradient is ``None``;
-    torch's pytree reads it as a leaf, and ``torch.func.grad`` refuses it).
+    nodes and tensors) is flattened once, and ``func`` is called with it rebuilt around the leaves
+    being differentiated; arguments not in ``argnums`` and keyword arguments are passed as they
+    are. In eager code outside transforms, with no argument leaf requiring grad, the gradients come
+    from one forward and ``torch.autograd.grad`` (functorch's wrapped tensors and its differentiable
+    backward are much of a small model's step); otherwise from ``torch.func.grad_and_value`` over
+    the leaves (see the module doc). ``None`` in a differentiated argument is an empty subtree, as in :mod:`tdtree.tree` (its
+    gradient is ``None``; torch's pytree reads it as a leaf, and ``torch.func.grad`` refuses it).
 
     Returns:
         A function returning ``(grads, value)``, or ``(grads, (value, aux))`` with ``has_aux``:
         ``grads`` has the structure of the argument (a tuple of them when ``argnums`` is a tuple) and
-        holds new tensors, so its nodes are untagged; ``value`` and ``aux`` are what ``func``
-        returned, detached. Values and gradients equal ``torch.func.grad_and_value``'s over the same
-        arguments, bit for bit. As there, ``func`` gets untagged nodes (built from leaves).
+        holds new tensors, so its nodes are untagged. Values and gradients equal
+        ``torch.func.grad_and_value``'s over the same arguments, bit for bit, and are differentiable
+        where torch's are (with respect to tensors outside ``func`` that require grad, or argument
+        leaves that do); an ``aux`` tensor is detached unless ``func`` reaches such a tensor. As
+        there, ``func`` gets untagged nodes (built from leaves).
 
     Raises:
         RuntimeError: ``argnums`` names no positional argument, or one twice; and whatever
@@ -76,22 +85,97 @@ def grad_and_value(
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nums = _argnums(argnums, len(args))
-        flats = [optree.tree_flatten(args[n], namespace=NAMESPACE) for n in nums]
+        flats = [flat_tree(args[n]) for n in nums]
         specs = [spec for _, spec in flats]
 
         def flat_func(leaves: tuple[tuple[Any, ...], ...], *rest: Any) -> Any:
             full = list(rest)
             for n, spec, xs in zip(nums, specs, leaves):
-                full.insert(n, optree.tree_unflatten(spec, xs))
+                full.insert(n, unflat_tree(spec, xs))
             return func(*full, **kwargs)
 
         rest = [a for i, a in enumerate(args) if i not in nums]
         leaves = tuple(tuple(xs) for xs, _ in flats)
-        grads, value = torch.func.grad_and_value(flat_func, argnums=0, has_aux=has_aux)(leaves, *rest)
-        out = tuple(optree.tree_unflatten(spec, gs) for spec, gs in zip(specs, grads))
+        if _plain_eager(leaves):
+            grads, value = _by_autograd(flat_func, leaves, rest, has_aux)
+        else:
+            grads, value = torch.func.grad_and_value(flat_func, argnums=0, has_aux=has_aux)(leaves, *rest)
+        out = tuple(unflat_tree(spec, gs) for spec, gs in zip(specs, grads))
         return (out[0] if isinstance(argnums, int) else out), value
 
     return wrapper
+
+
+def _plain_eager(leaves: tuple[tuple[Any, ...], ...]) -> bool:
+    """Whether torch.autograd can stand in for torch.func: eager, outside every transform and
+    inference mode, and every leaf to differentiate a tensor that does not require grad (one that
+    does would make torch.func's gradients differentiable with respect to it)."""
+    if transforms_active() or torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+        return False
+    return all(isinstance(x, torch.Tensor) and not x.requires_grad for xs in leaves for x in xs)
+
+
+def _reaches_others(output: torch.Tensor, inputs: set[int]) -> bool:
+    """Whether ``output``'s graph reaches a tensor requiring grad that is not one of ``inputs`` (ids)."""
+    seen = set()
+    stack = [output.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        variable = getattr(fn, "variable", None)  # an AccumulateGrad: a leaf of the graph
+        if variable is not None and id(variable) not in inputs:
+            return True
+        stack.extend(f for f, _ in fn.next_functions)
+    return False
+
+
+def _check_output(output: Any, has_aux: bool) -> tuple[Any, Any]:
+    """``(value, aux)`` of what the function returned, checked as torch.func.grad_and_value checks it."""
+    aux = None
+    if has_aux:
+        if not (isinstance(output, tuple) and len(output) == 2):
+            raise RuntimeError(
+                "grad_and_value(f)(*args): output of function f should be a tuple: (output, aux) if has_aux is True"
+            )
+        output, aux = output
+    if not isinstance(output, torch.Tensor):
+        raise RuntimeError(f"grad_and_value(f)(*args): Expected f(*args) to return a Tensor, got {type(output)}")
+    if output.dim() != 0:
+        raise RuntimeError(
+            "grad_and_value(f)(*args): Expected f(*args) to return a scalar Tensor, got tensor with "
+            f"{output.dim()} dims. Maybe you wanted to use the vjp or jacrev APIs instead?"
+        )
+    return output, aux
+
+
+def _detached(tree: Any) -> Any:
+    return optree.tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, tree, namespace=NAMESPACE)
+
+
+def _by_autograd(
+    flat_func: Callable[..., Any], leaves: tuple[tuple[torch.Tensor, ...], ...], rest: list[Any], has_aux: bool
+) -> tuple[tuple[tuple[torch.Tensor, ...], ...], Any]:
+    """torch.func.grad_and_value's result by one forward and torch.autograd.grad, without functorch's
+    wrapped tensors. torch.func differentiates with ``create_graph=True`` so that its gradients stay
+    differentiable at the level outside; here that is needed only when the function reaches a
+    tensor requiring grad other than the inputs (a closure's parameter) and grad mode is on outside."""
+    outside = torch.is_grad_enabled()
+    inputs = tuple(tuple(x.detach().requires_grad_() for x in xs) for xs in leaves)
+    flat = [x for xs in inputs for x in xs]
+    with torch.enable_grad():
+        output, aux = _check_output(flat_func(inputs, *rest), has_aux)
+        keep = outside and output.requires_grad and _reaches_others(output, {id(x) for x in flat})
+        if output.requires_grad:
+            grads = torch.autograd.grad(output, flat, create_graph=keep, allow_unused=True, materialize_grads=True)
+        else:  # nothing to differentiate: torch.func gives zeros
+            grads = tuple(torch.zeros_like(x) for x in flat)
+    if not keep:
+        output, aux = output.detach(), _detached(aux)
+    it = iter(grads)
+    grouped = tuple(tuple(next(it) for _ in xs) for xs in leaves)
+    return grouped, ((output, aux) if has_aux else output)
 
 
 def grad(func: Callable[..., Any], argnums: int | tuple[int, ...] = 0, has_aux: bool = False) -> Callable[..., Any]:

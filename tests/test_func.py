@@ -41,11 +41,6 @@ def _leaves(tree: Any) -> list[torch.Tensor]:
     return tt.tree.leaves(tree)
 
 
-def _plain(tree: Any) -> Any:
-    """``tree`` with each node replaced by its nested dict of tensors."""
-    return optree.tree_map(lambda x: x, tree.to_dict() if isinstance(tree, tt.TensorDict) else tree)
-
-
 def _assert_bitwise(got: Any, want: Any) -> None:
     g, w = _leaves(got), _leaves(want)
     assert len(g) == len(w)
@@ -185,3 +180,75 @@ def test_bad_argnums_raise_runtime_error_as_torch_func(argnums: Any) -> None:
         torch.func.grad(_loss, argnums=argnums)(_params(), _batch())
     with pytest.raises(RuntimeError, match="argnum"):
         tdtree.func.grad(_loss, argnums=argnums)(params, _batch())
+
+
+def _same_grads_and_flags(got: Any, want: Any) -> None:
+    _assert_bitwise(got, want)
+    assert [x.requires_grad for x in _leaves(got)] == [x.requires_grad for x in _leaves(want)]
+
+
+def test_inputs_requiring_grad_give_gradients_differentiable_as_torch_funcs() -> None:
+    """from_module's parameters require grad: torch.func's gradients are then differentiable with
+    respect to them, and so are these (second derivatives equal)."""
+    source = optree.tree_map(lambda x: x.requires_grad_(), _params())
+    params = tt.TensorDict(source)
+    got = tdtree.func.grad(_loss)(params, _batch())
+    want = torch.func.grad(_loss)(source, _batch())
+    _same_grads_and_flags(got, want)
+    w = source["layer"]["weight"]
+    (a,) = torch.autograd.grad(got["head", "w"].sum(), w)
+    (b,) = torch.autograd.grad(want["head"]["w"].sum(), w)
+    assert torch.equal(a, b)
+
+
+def test_a_closure_requiring_grad_keeps_the_gradients_differentiable() -> None:
+    scale = torch.tensor(1.5, requires_grad=True)
+    params, batch = tt.TensorDict(_params()), _batch()
+
+    def f(p: Any) -> torch.Tensor:
+        return _loss(p, batch) * scale
+
+    grads, value = tdtree.func.grad_and_value(f)(params)
+    want_grads, want_value = torch.func.grad_and_value(f)(_params())
+    _same_grads_and_flags(grads, want_grads)
+    assert torch.equal(value, want_value) and value.requires_grad == want_value.requires_grad
+    (a,) = torch.autograd.grad(grads["layer", "bias"].sum(), scale)
+    (b,) = torch.autograd.grad(want_grads["layer"]["bias"].sum(), scale)
+    assert torch.equal(a, b)
+    with torch.no_grad():  # no graph outside: plain gradients, as torch.func gives them
+        _same_grads_and_flags(tdtree.func.grad(f)(params), torch.func.grad(f)(_params()))
+
+
+def test_unused_inputs_and_constant_values_give_zeros() -> None:
+    params = tt.TensorDict(_params())
+    got = tdtree.func.grad(lambda p: p["head"]["w"].sum())(params)
+    _same_grads_and_flags(got, torch.func.grad(lambda p: p["head"]["w"].sum())(_params()))
+    got = tdtree.func.grad(lambda p: torch.tensor(3.0))(params)
+    _same_grads_and_flags(got, torch.func.grad(lambda p: torch.tensor(3.0))(_params()))
+
+
+def test_grad_of_grad_equals_torch_funcs() -> None:
+    params = tt.TensorDict({"w": torch.randn(3), "n": {"v": torch.randn(3)}})
+
+    def f(p: Any) -> torch.Tensor:
+        return (p["w"].sin() * p["n"]["v"]).sum()
+
+    def outer(g: Any) -> Any:
+        return lambda p: g(f)(p)["w"].sum()
+
+    got = tdtree.func.grad(outer(tdtree.func.grad))(params)
+    want = torch.func.grad(outer(torch.func.grad))({"n": {"v": params["n"]["v"]}, "w": params["w"]})
+    _same_grads_and_flags(got, want)
+
+
+@pytest.mark.parametrize(
+    ("f", "has_aux"),
+    [(lambda p: p["head"]["w"], False), (lambda p: 1.0, False), (lambda p: p["head"]["w"].sum(), True)],
+    ids=["not a scalar", "not a tensor", "aux without a pair"],
+)
+def test_bad_outputs_raise_as_torch_func(f: Any, has_aux: bool) -> None:
+    with pytest.raises(RuntimeError) as want:
+        torch.func.grad(f, has_aux=has_aux)(_params())
+    with pytest.raises(RuntimeError) as got:
+        tdtree.func.grad(f, has_aux=has_aux)(tt.TensorDict(_params()))
+    assert str(got.value) == str(want.value)
