@@ -252,3 +252,12 @@ def test_bad_outputs_raise_as_torch_func(f: Any, has_aux: bool) -> None:
     with pytest.raises(RuntimeError) as got:
         tdtree.func.grad(f, has_aux=has_aux)(tt.TensorDict(_params()))
     assert str(got.value) == str(want.value)
+
+
+def test_under_torch_compile_equals_eager() -> None:
+    torch._dynamo.reset()
+    params, batch = tt.TensorDict(_params()), tt.TensorDict(_batch(), [5])
+    compiled = torch.compile(tdtree.func.grad(_loss), fullgraph=True, backend="aot_eager")
+    got = compiled(params, batch)
+    assert type(got) is tt.TensorDict
+    torch.testing.assert_close(_leaves(got), _leaves(tdtree.func.grad(_loss)(params, batch)))

@@ -161,3 +161,17 @@ def test_row_writes_inside_vmap_equal_dict_writes() -> None:
     tt.vmap(lambda b, s: b.at[4].set_(s), in_dims=(1, 0))(buf, tt.TensorDict(step, [B]))
     _dict_write(plain, 4, step)
     _assert_matches(buf, plain)
+
+
+def test_row_write_compiles_to_one_graph_and_equals_eager() -> None:
+    torch._dynamo.reset()
+    buf, plain = _buffer(), _source(0, T, B)
+    step = _source(8, B)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def write(b: tt.TensorDict, s: tt.TensorDict) -> tt.TensorDict:
+        return b.at[3].set_(s)
+
+    assert write(buf, tt.TensorDict(step, [B])) is buf
+    _dict_write(plain, 3, step)
+    _assert_matches(buf, plain)
