@@ -75,7 +75,7 @@ __all__ = [
     "WriteError",
 ]
 
-_SUBPACKAGES = ("data", "distributed", "nn", "optim", "testing")
+_SUBPACKAGES = ("data", "distributed", "func", "nn", "optim", "testing")
 
 
 def __getattr__(name: str) -> Any:

@@ -19,6 +19,7 @@ from typing import Any, Generic
 import torch
 
 from ._base import Node, NodeT, with_meta
+from ._foreach import foreach
 from ._inplace import broadcasts, cast, check_number, checked, each_writable, read_first, same_device, targets_writable
 from ._keyops import check_unlocked_tree
 from ._keys import as_path, display
@@ -553,6 +554,48 @@ def _written(node: Node, value: Node, index: Any, new: torch.Size, n: int, same_
     return with_meta(type(node), data, node._meta)
 
 
+def _row_pairs(node: Node, value: Node, same_device: bool, leaves: list[torch.Tensor], values: list[Any]) -> bool:
+    """Append the leaves of ``node`` and ``value`` pairwise, in leaf order; False as soon as the keys
+    differ at a level or a value is not a tensor of its leaf's dtype, device and row shape (no cast,
+    no broadcast), or a leaf is not contiguous."""
+    if node._meta[0] != value._meta[0]:
+        return False
+    for leaf, v in zip(node._data.values(), value._data.values()):
+        if isinstance(leaf, Node):
+            if not (isinstance(v, Node) and _row_pairs(leaf, v, same_device, leaves, values)):
+                return False
+        elif (
+            isinstance(v, torch.Tensor)
+            and v.dtype == leaf.dtype
+            and (same_device or v.device == leaf.device)
+            and v.shape == leaf.shape[1:]
+            and leaf.is_contiguous()
+        ):
+            leaves.append(leaf)
+            values.append(v)
+        else:
+            return False
+    return True
+
+
+def _row_writes(node: Node, index: int, value: Node) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """The fast path of ``set_`` of one row (an int index) from a node: ``(rows, values)`` for one
+    ``copy_`` per leaf when every check passes at once, else None (``_pairs`` then checks, and
+    raises, leaf by leaf). Checked here: the index in range, the value's batch size, keys and leaves
+    (:func:`_row_pairs`), every leaf writable; the values read before the first write."""
+    batch = node._meta[1]
+    if not batch or not -batch[0] <= index < batch[0] or value._meta[1] != batch[1:]:
+        return None
+    device = node._meta[2]
+    leaves: list[torch.Tensor] = []
+    values: list[Any] = []
+    if not _row_pairs(node, value, device is not None and value._meta[2] == device, leaves, values):
+        return None
+    if not leaves or not targets_writable(leaves, foreach=False):  # (torch._foreach_* refuse empty lists)
+        return None
+    return [leaf[index] for leaf in leaves], read_first(values, leaves)
+
+
 def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
     """Write ``value`` into ``node``'s leaves at ``index`` in place and return ``node`` itself (tags kept).
 
@@ -568,6 +611,11 @@ def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
             dims (``WriteIndexError``); nothing was written.
         KeyMismatchError: a node value with other keys.
     """
+    if type(index) is int and isinstance(value, Node):
+        rows = _row_writes(node, index, value)
+        if rows is not None:
+            foreach(torch._foreach_copy_)(*rows)
+            return node
     leaves, _, leaf_index, values = _pairs(node, index, value, "at[...].set_", inplace=True)
     if isinstance(value, Node):  # (a tensor or number value was read in _pairs)
         values = read_first(values, leaves)

@@ -25,6 +25,8 @@ __all__ = [
     "leaves",
     "flat",
     "unflat",
+    "flat_tree",
+    "unflat_tree",
     "check_same_keys",
     "paired_leaves",
 ]
@@ -60,6 +62,16 @@ def _refill(spec: Node, it: Iterator[Any]) -> Node:
     for k, v in spec._data.items():
         data[k] = _refill(v, it) if isinstance(v, Node) else next(it)
     return with_meta(type(spec), data, spec._meta)
+
+
+def flat_tree(tree: Any) -> tuple[list[Any], Any]:
+    """Any tree's leaves and structure (namespace ``"tdtree"``): a node by :func:`flat`, anything else by optree."""
+    return flat(tree) if isinstance(tree, Node) else optree.tree_flatten(tree, namespace=NAMESPACE)
+
+
+def unflat_tree(spec: Any, values: Iterable[Any]) -> Any:
+    """The tree :func:`flat_tree` gave ``spec`` for, holding ``values``; its nodes untagged."""
+    return unflat(spec, values) if isinstance(spec, Node) else optree.tree_unflatten(spec, values)
 
 
 def _refill_batch(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n: int) -> Node:
