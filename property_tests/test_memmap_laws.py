@@ -14,7 +14,7 @@ import tdtree as tt
 from tdtree import Locked, Memmap, TensorDict
 from tdtree._base import Node
 from tdtree._maps import map_leaves
-from tdtree._memmap import reference
+from tdtree._pickle import reference
 from tdtree._tags import retag
 from tdtree.testing import assert_equal, tensordicts
 from tdtree.testing.laws import assert_pure
