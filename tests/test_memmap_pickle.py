@@ -242,13 +242,18 @@ class Pair(tt.TensorClass):
     b: torch.Tensor
 
 
-def test_a_copy_on_write_tensorclass_pickles_by_value(tmp_path):
-    Pair(a=torch.zeros(2), b=torch.ones(2), batch_size=[2]).memmap(tmp_path / "mm")
+def test_tensorclasses_pickle_and_deepcopy_as_their_nodes(tmp_path):
+    shared = Pair(a=torch.zeros(2), b=torch.ones(2), batch_size=[2]).memmap(tmp_path / "mm")
     cow = tt.load_memmap(tmp_path / "mm", mode="c")
     cow.update_({"a": torch.full((2,), 42.0)})
     back = pickle.loads(pickle.dumps(cow))
-    assert type(back) is Pair and not back.is_memmap
+    assert type(back) is Pair and back.tags == frozenset()
     assert torch.equal(back.a, torch.full((2,), 42.0)) and torch.equal(back.b, torch.ones(2))
+    assert pickle.loads(pickle.dumps(shared)).tags == MM
+    copied = copy.deepcopy(shared)
+    assert type(copied) is Pair and copied.tags == frozenset()
+    copied.update_({"a": torch.full((2,), 3.0)})
+    assert torch.equal(shared.a, torch.zeros(2))
 
 
 # -- through a torch.multiprocessing queue ---------------------------------------------------------------
