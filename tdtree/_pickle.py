@@ -53,7 +53,8 @@ _LEAF_TYPES = (torch.Tensor, nn.Parameter)
 
 def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
     """Pickle support (``__reduce__``): :func:`rebuild_node` and the node's metadata and leaves (a Memmap
-    node's leaves as references to their files), so a pickle rebuilds a node with the same tags."""
+    node's leaves as references to their files), so a pickle rebuilds a node with the same tags; a
+    Memmap node holding a copy-on-write leaf anywhere reduces as its ``clone()`` (untagged, by value)."""
     root = type(node)._root
     keys, batch_size, device, tags = node._meta
     if Memmap in tags and _holds_private(node):
