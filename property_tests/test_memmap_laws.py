@@ -6,6 +6,7 @@ import os
 import pickle
 import tempfile
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,8 +15,10 @@ import tdtree as tt
 from tdtree import Locked, Memmap, TensorDict
 from tdtree._base import Node
 from tdtree._maps import map_leaves
-from tdtree._memmap import reference
+from tdtree._memmap import origin
+from tdtree._pickle import reference
 from tdtree._tags import retag
+from tdtree.errors import MemmapError
 from tdtree.testing import assert_equal, tensordicts
 from tdtree.testing.laws import assert_pure
 
@@ -76,6 +79,31 @@ def test_memmap_node_pickles_to_the_same_files(td):
         assert_equal(back, out)
         assert all(node.tags == MM for node in sub_nodes(back))
         assert_same_files(out, back)
+
+
+@given(NODES, st.sampled_from(["r+", "r", "c"]))
+def test_a_pickled_memmap_node_is_itself_or_refused(td, mode):
+    with tempfile.TemporaryDirectory() as parent:
+        prefix = os.path.join(parent, "mm")
+        td.memmap(prefix)
+        node = tt.load_memmap(prefix, mode=mode)
+        blob = pickle.dumps(node)
+        back = pickle.loads(blob)
+        mapped = any(leaf.untyped_storage().nbytes() for leaf in leaves(node))
+        if mode == "c" and mapped:  # by value, as its clone: new storage, no tag
+            assert_equal(back, node.unlock().clone())
+            assert all(n.tags == frozenset() for n in sub_nodes(back))
+        else:
+            assert_equal(back, node)
+            assert all(n.tags == MM for n in sub_nodes(back))
+            for a, b in zip(leaves(node), leaves(back), strict=True):
+                assert b.numel() == 0 or origin(a) == origin(b)  # same files, same mode
+        td.memmap(prefix, existsok=True)  # the same values, written again by another writer
+        if mode != "c" and mapped:
+            with pytest.raises(MemmapError, match="another writer replaced it"):
+                pickle.loads(blob)
+        else:  # nothing is mapped again
+            assert_equal(pickle.loads(blob), back)
 
 
 @given(NODES, st.booleans())

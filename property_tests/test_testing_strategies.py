@@ -17,7 +17,7 @@ from hypothesis.errors import NoSuchExample
 
 import tdtree as tt
 from tdtree import Locked, Memmap, Shared
-from tdtree._memmap import reference
+from tdtree._pickle import reference
 from tdtree.testing import (
     ALL_DTYPES,
     TAG_SETS,

@@ -66,7 +66,8 @@ class TensorDictDataset(torch.utils.data.Dataset[T]):
     indexing keeps them), ``ds.__getitems__(indices)`` is ``data[indices]``: the whole batch in one
     index operation, a new node (new storage: untagged). ``torch.utils.data.DataLoader(ds, batch_size=64)``
     yields one node per batch, with the default ``collate_fn`` or ``collate_fn=lambda x: x``. The data is
-    held, not copied; a Memmap node stays file-backed (in worker processes too: it pickles by reference).
+    held, not copied; a Memmap node mapped ``"r+"`` or ``"r"`` stays file-backed (in worker processes too:
+    it pickles by reference); a copy-on-write one reaches workers by value.
 
     Args:
         data: a TensorDict or tensorclass instance with at least one batch dim.

@@ -99,12 +99,21 @@ def open_regular(
         yield f
 
 
-def map_regular(path: str, name: str, dir_fd: int | None, nbytes: int, dtype: torch.dtype, mode: str) -> torch.Tensor:
+def map_regular(
+    path: str,
+    name: str,
+    dir_fd: int | None,
+    nbytes: int,
+    dtype: torch.dtype,
+    mode: str,
+    expect: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, tuple[int, int]]:
     """The file ``name`` (relative to ``dir_fd`` when given; ``path`` in messages) mapped as a 1-d
-    tensor of ``dtype``, after checking it.
+    tensor of ``dtype``, after checking it, and the file's identity ``(st_dev, st_ino)``.
 
     Opened without following a symlink, only a regular file of exactly ``nbytes``
-    bytes; mapped shared (``"r+"``) or private (``"r"``, ``"c"``: copy-on-write).
+    bytes and, when ``expect`` is given, only the file of that identity;
+    mapped shared (``"r+"``) or private (``"r"``, ``"c"``: copy-on-write).
     Never created or grown (``torch.from_file`` in shared mode would do both).
     """
     flags = (os.O_RDWR if mode == "r+" else os.O_RDONLY) | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
@@ -120,11 +129,14 @@ def map_regular(path: str, name: str, dir_fd: int | None, nbytes: int, dtype: to
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise MemmapError(f"leaf file {path} is not a regular file")
+        identity = (info.st_dev, info.st_ino)
+        if expect is not None and identity != expect:
+            raise MemmapError(f"leaf file {path} is not the file that was mapped: another writer replaced it")
         if info.st_size != nbytes:
             raise MemmapError(f"leaf file {path} holds {info.st_size} bytes; its metadata asks for {nbytes}")
         if nbytes == 0:
-            return torch.empty(0, dtype=dtype)
-        return _map_fd(fd, path, nbytes, dtype, mode)
+            return torch.empty(0, dtype=dtype), identity
+        return _map_fd(fd, path, nbytes, dtype, mode), identity
     finally:
         os.close(fd)
 

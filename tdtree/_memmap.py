@@ -26,7 +26,10 @@ returns the files it wrote. Modes are numpy's: ``"r+"`` shared, ``"r"``
 read-only (the storages are recorded, and every in-place writer refuses them,
 views included), ``"c"`` private copy-on-write. A leaf's storage is mapped
 through the descriptor opened under the directory, so its ``filename`` is
-``/proc/self/fd/N`` (shared) or None (private); :func:`reference` names the file.
+``/proc/self/fd/N`` (shared) or None (private); :func:`origin` names the file,
+the mode and the identities of the files mapped, and :func:`reopen` maps them
+again only while ``prefix`` still holds those very files (how a Memmap node
+pickles, see :mod:`tdtree._pickle`).
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ import shutil
 import stat
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -57,6 +60,7 @@ __all__ = [
     "META",
     "VERSION",
     "leaf_name",
+    "dtype_name",
     "describe",
     "assemble",
     "dtype_named",
@@ -64,8 +68,9 @@ __all__ = [
     "read_header",
     "memmap",
     "load",
-    "reference",
-    "resolve",
+    "Origin",
+    "origin",
+    "reopen",
 ]
 
 META = "meta.json"
@@ -84,9 +89,23 @@ _MAPPABLE = frozenset(
     if isinstance(getattr(torch, name, None), torch.dtype)
 )
 
-# data_ptr of every storage this module mapped -> (prefix, leaf index, writable). It is
-# how a Memmap node pickles by reference: private (read-only) mappings keep no file name.
-_ORIGIN: dict[int, tuple[str, int, bool]] = {}
+
+class Origin(NamedTuple):
+    """Where a mapped storage's bytes come from: directory, leaf index, mode, and the identities found
+    when mapping of the metadata file ``(st_dev, st_ino, st_size, st_mtime_ns)`` (never written in place,
+    and new in every directory written: it names one generation) and of the leaf file ``(st_dev, st_ino)``
+    (whose mtime moves with every shared write)."""
+
+    prefix: str
+    leaf: int
+    mode: str
+    meta: tuple[int, int, int, int]
+    file: tuple[int, int]
+
+
+# data_ptr of every storage this module mapped -> its Origin. It is how a Memmap node pickles by
+# reference: private (read-only, copy-on-write) mappings keep no file name.
+_ORIGIN: dict[int, Origin] = {}
 
 
 def leaf_name(index: int) -> str:
@@ -125,7 +144,7 @@ def read_header(
     return root, doc
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
@@ -148,7 +167,7 @@ def _described(
         if isinstance(value, Node):
             entries.append([key, _described(value, (*path, key), cpu, leaves)])
         else:
-            entries.append([key, {"leaf": len(leaves), "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}])
+            entries.append([key, {"leaf": len(leaves), "dtype": dtype_name(value.dtype), "shape": list(value.shape)}])
             leaves.append(((*path, key), value))
     _, batch_size, device, _ = x._meta
     shown = None if device is None else ("cpu" if cpu else str(device))
@@ -264,7 +283,7 @@ def _check_target(prefix: str, existsok: bool) -> None:
     if not names:
         return
     try:
-        doc = _read_meta(prefix)
+        doc, _ = _read_meta(prefix)
         tree = doc["tree"]
         count = _count_leaves(tree)
     except (MemmapError, FileNotFoundError, KeyError, TypeError, RecursionError):
@@ -292,24 +311,29 @@ def _count_leaves(tree: Any) -> int:
     return sum(_count_leaves(child) if "entries" in child else 1 for _, child in tree["entries"])
 
 
-def _read_meta(prefix: str, dir_fd: int | None = None) -> Any:
-    """The parsed metadata file of ``prefix`` (a regular file, no symlink, read up to a bound)."""
+def _read_meta(prefix: str, dir_fd: int | None = None, parse: bool = True) -> tuple[Any, tuple[int, int, int, int]]:
+    """The parsed metadata file of ``prefix`` (a regular file, no symlink, read up to a bound; None
+    unless ``parse``) and the identity of the file read (see :class:`Origin`)."""
     meta = os.path.join(prefix, META)
     try:
         with open_regular(
             META if dir_fd is not None else meta, MemmapError, "metadata file", dir_fd, follow=False
         ) as f:
-            raw = f.read(META_MAX + 1)
+            info = os.fstat(f.fileno())
+            raw = f.read(META_MAX + 1) if parse else b""
     except FileNotFoundError:
         raise MemmapError(f"missing metadata file {meta}: {prefix} is not a memmap directory") from None
     except MemmapError as err:
         raise MemmapError(str(err).replace(f" {META} ", f" {meta} ")) from None
     except OSError as err:
         raise MemmapError(f"cannot read metadata file {meta}: {err}") from err
+    identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if not parse:
+        return None, identity
     if len(raw) > META_MAX:
         raise MemmapError(f"corrupt metadata file {meta}: larger than {META_MAX} bytes")
     try:
-        return json.loads(raw)
+        return json.loads(raw), identity
     except (ValueError, RecursionError) as err:
         raise MemmapError(f"corrupt metadata file {meta}: {err}") from None
 
@@ -406,9 +430,10 @@ def memmap(
                 )
         where = os.path.join(prefix, META)
         _write_json(os.path.join(tmp, META), doc)
+        _, meta = _read_meta(prefix, dir_fd, parse=False)
         # mapped before the rename, through the directory written: another writer may replace
         # prefix (and delete these files) at once, and the node is still the one written
-        node = _open(prefix, doc, "r+", dir_fd)
+        node = _open(prefix, doc, "r+", dir_fd, meta)
         where = prefix
         swap_in(tmp, prefix)
     except OSError as err:  # MemmapError included
@@ -425,29 +450,35 @@ def memmap(
 # -- reading ----------------------------------------------------------------------------------
 
 
-def _remember(tensor: torch.Tensor, prefix: str, index: int, writable: bool) -> None:
+def _remember(tensor: torch.Tensor, origin: Origin) -> None:
     storage = tensor.untyped_storage()
     if storage.nbytes() == 0:
         return
     ptr = storage.data_ptr()
-    origin = (prefix, index, writable)
     _ORIGIN[ptr] = origin
     weakref.finalize(storage, _forget, ptr, origin)
 
 
-def _forget(ptr: int, origin: tuple[str, int, bool]) -> None:
+def _forget(ptr: int, origin: Origin) -> None:
     if _ORIGIN.get(ptr) is origin:
         del _ORIGIN[ptr]
 
 
 def _map_file(
-    prefix: str, index: int, nbytes: int, dtype: torch.dtype, mode: str, dir_fd: int | None = None
+    prefix: str,
+    index: int,
+    nbytes: int,
+    dtype: torch.dtype,
+    mode: str,
+    dir_fd: int,
+    meta: tuple[int, int, int, int],
+    expect: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The file of leaf ``index`` mapped as a 1-d tensor of ``dtype`` (see :func:`map_regular`),
     remembered for pickling by reference and, under ``mode="r"``, marked read-only."""
     path = os.path.join(prefix, leaf_name(index))
-    flat = map_regular(path, leaf_name(index) if dir_fd is not None else path, dir_fd, nbytes, dtype, mode)
-    _remember(flat, prefix, index, mode == "r+")
+    flat, identity = map_regular(path, leaf_name(index), dir_fd, nbytes, dtype, mode, expect)
+    _remember(flat, Origin(prefix, index, mode, meta, identity))
     if mode == "r":
         mark_read_only(
             flat.untyped_storage(),
@@ -457,7 +488,7 @@ def _map_file(
     return flat
 
 
-def _open(prefix: str, doc: object, mode: str, dir_fd: int | None) -> Any:
+def _open(prefix: str, doc: object, mode: str, dir_fd: int, meta_id: tuple[int, int, int, int]) -> Any:
     meta = os.path.join(prefix, META)
 
     def corrupt(reason: str) -> MemmapError:
@@ -468,7 +499,8 @@ def _open(prefix: str, doc: object, mode: str, dir_fd: int | None) -> Any:
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
         if dtype not in _MAPPABLE:
             raise MemmapError(f"leaf {display(path)!r} in {meta} has dtype {dtype}, which cannot be mapped")
-        return _map_file(prefix, index, checked_size(shape, dtype, corrupt, path), dtype, mode, dir_fd).view(shape)
+        nbytes = checked_size(shape, dtype, corrupt, path)
+        return _map_file(prefix, index, nbytes, dtype, mode, dir_fd, meta_id).view(shape)
 
     def device(name: str | None) -> torch.device | None:
         if name not in (None, "cpu"):
@@ -523,8 +555,8 @@ def load(prefix: str | os.PathLike[str], mode: str) -> tuple[Any, Any, str]:
         if dir_fd < 0:
             continue
         try:
-            doc = _read_meta(prefix, dir_fd)
-            node = _open(prefix, doc, mode, dir_fd)
+            doc, meta = _read_meta(prefix, dir_fd)
+            node = _open(prefix, doc, mode, dir_fd, meta)
             break
         except MemmapError:
             # a writer replaced prefix while it was read (and deleted the files not yet opened):
@@ -538,72 +570,36 @@ def load(prefix: str | os.PathLike[str], mode: str) -> tuple[Any, Any, str]:
     return node, doc.get("record"), os.path.join(prefix, META)
 
 
-# -- pickling by reference --------------------------------------------------------------------
-
-_REF = "tdtree.memmap-leaf"
+# -- mapping again what was mapped ----------------------------------------------------------------
 
 
-def reference(leaf: torch.Tensor) -> Any:
-    """A plain tuple naming the file and view of ``leaf`` (a leaf of a Memmap node); the leaf itself
-    when it holds no data."""
+def origin(leaf: torch.Tensor) -> Origin | None:
+    """Where the bytes of ``leaf`` (a view of a storage this module mapped) come from, or None."""
     storage = leaf.untyped_storage()
-    if storage.nbytes() == 0:
-        return leaf
-    origin = _ORIGIN.get(storage.data_ptr())
-    if origin is None:
-        raise MemmapError(
-            "cannot pickle a Memmap node whose leaf is not mapped from a memmap file; "
-            "pickle node.unlock().clone() for a copy by value"
-        )
-    prefix, index, writable = origin
-    return (
-        _REF,
-        prefix,
-        index,
-        writable,
-        storage.nbytes(),
-        _dtype_name(leaf.dtype),
-        tuple(leaf.shape),
-        tuple(leaf.stride()),
-        leaf.storage_offset(),
-    )
+    return _ORIGIN.get(storage.data_ptr()) if storage.nbytes() else None
 
 
-def _ints(value: object) -> bool:
-    return type(value) is tuple and all(type(v) is int for v in value)
+def reopen(
+    prefix: str, meta: tuple[int, int, int, int], leaves: Sequence[tuple[int, int, str, tuple[int, int]]]
+) -> list[torch.UntypedStorage]:
+    """The storages of ``leaves`` (leaf index, bytes, mode ``"r"`` or ``"r+"``, leaf file identity)
+    of the memmap directory ``prefix`` mapped again, one for each.
 
-
-def resolve(ref: object) -> torch.Tensor:
-    """The leaf named by a :func:`reference` tuple, mapped again from its file.
-
-    The reference comes from a pickle, possibly an untrusted one: only a file
-    called ``leaf-NNNNNN.bin`` with exactly the recorded size, in a directory
-    holding a memmap metadata file, is mapped, and never created or grown.
+    Through one descriptor of ``prefix``, as :func:`load` reads, and only while it holds the
+    directory generation whose metadata file had the identity ``meta`` and each leaf file is
+    the one recorded (see :class:`Origin`); a directory that another writer replaced, or that
+    is gone, raises MemmapError naming ``prefix``: its files are never mapped.
     """
-    if isinstance(ref, torch.Tensor):
-        return ref
-    if not (type(ref) is tuple and len(ref) == 9 and ref[0] == _REF):
-        raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
-    _, prefix, index, writable, nbytes, dtype_name, shape, stride, offset = ref
-    dtype = dtype_named(dtype_name)
-    if (
-        type(prefix) is not str
-        or type(index) is not int
-        or index < 0
-        or type(writable) is not bool
-        or type(nbytes) is not int
-        or nbytes <= 0
-        or dtype not in _MAPPABLE
-        or not _ints(shape)
-        or not _ints(stride)
-        or type(offset) is not int
-    ):
-        raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
-    if not os.path.isfile(os.path.join(prefix, META)):
-        raise MemmapError(f"cannot reopen a memmap leaf: {prefix} holds no {META}")
-    storage = _map_file(prefix, index, nbytes, torch.uint8, "r+" if writable else "c").untyped_storage()
+    dir_fd = _open_dir(prefix, last=True)
     try:
-        return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
-    except RuntimeError as err:
-        path = os.path.join(prefix, leaf_name(index))
-        raise MemmapError(f"memmap leaf reference does not fit {path}: {err}") from err
+        _, found = _read_meta(prefix, dir_fd, parse=False)
+        if found != meta:
+            raise MemmapError(
+                f"{prefix} no longer holds the memmap directory that was mapped: another writer replaced it"
+            )
+        return [
+            _map_file(prefix, index, nbytes, torch.uint8, mode, dir_fd, meta, identity).untyped_storage()
+            for index, nbytes, mode, identity in leaves
+        ]
+    finally:
+        os.close(dir_fd)

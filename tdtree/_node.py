@@ -25,7 +25,7 @@ import torch
 from . import _combine, _device, _index, _inplace, _keyops, _lookup, _maps, _memmap, _ops, _records, _shape, _shared
 from ._base import Node
 from ._dataset import TensorDictDataset, not_a_dataset
-from ._pickle import reduce_node
+from ._pickle import deepcopy_node, reduce_node
 from ._pytree import register
 from ._repr import node_repr
 from ._tags import Locked, Memmap, Shared, Tag, refuse_tagged, retag, tagged_type
@@ -217,6 +217,7 @@ class TensorDict(Node):
 
     __repr__ = node_repr
     __reduce__ = reduce_node
+    __deepcopy__ = deepcopy_node
 
     # -- mapping protocol and lookup -----------------------------------------------
 

@@ -3,10 +3,21 @@
 The rebuild function is the only thing tdtree adds to torch's safe globals, so
 ``torch.load(f, weights_only=True)`` of a file holding nodes works and can run
 nothing else. Unpickling makes the tags' claims true again: leaves of a
-``Shared`` node are moved to shared memory when they are not there already,
-and a ``Memmap`` node pickles by reference (each leaf as its directory, file
-index and view, see :func:`tdtree._memmap.reference`) and maps its files again,
-shared or private as it was. Leaves that hold no bytes travel by value.
+``Shared`` node are moved to shared memory when they are not there already.
+
+A pickled ``Memmap`` node comes back as the node that was pickled (its values,
+its mode) or is refused with MemmapError; it never maps bytes another writer
+put under the same prefix. Mapped ``"r+"`` or ``"r"``, it pickles by reference
+(each leaf as its directory, file index, view and the identities of the files
+mapped, see :func:`reference`) and maps the same files again with the same
+mode, through ``torch.multiprocessing`` too (no bytes copied), while the
+directory is the one mapped; a directory another writer replaced (or removed)
+is refused. Mapped ``"c"`` (copy-on-write), its private writes are in no file:
+it pickles by value, as its ``clone()`` (an untagged in-memory copy: new
+storage; torch's own reduction cannot send a private mapping to a worker).
+Leaves that hold no bytes travel by value. ``copy.deepcopy`` of a Memmap node
+is an independent in-memory copy, untagged as ``clone()`` (writing it never
+reaches the files); other nodes deep-copy through their pickle reduction.
 
 ``nn.Parameter`` leaves (a :func:`tdtree.nn.from_module` node) pickle as
 Parameters, through torch's own reduction (its ``_rebuild_parameter``, which
@@ -17,19 +28,22 @@ same shared storage. A leaf of any other tensor subclass is refused on load.
 
 from __future__ import annotations
 
+import copy
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
 from ._base import Node, make
-from ._memmap import reference, resolve
+from ._maps import clone, leaves
+from ._memmap import dtype_name, dtype_named, leaf_name, mappable, origin, reopen
 from ._names import name_of, root_named
 from ._tags import Memmap, Shared, retag, tag_named
 from ._validate import build
-from .errors import BatchSizeError, KeyCollisionError, SerializationError
+from .errors import BatchSizeError, KeyCollisionError, MemmapError, SerializationError
 
-__all__ = ["reduce_node", "rebuild_node"]
+__all__ = ["reduce_node", "rebuild_node", "deepcopy_node", "reference"]
 
 
 # what a pickled leaf may be: exactly these types (a subclass could run its own code on use), each
@@ -39,9 +53,12 @@ _LEAF_TYPES = (torch.Tensor, nn.Parameter)
 
 def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
     """Pickle support (``__reduce__``): :func:`rebuild_node` and the node's metadata and leaves (a Memmap
-    node's leaves as references to their files), so a pickle rebuilds a node with the same tags."""
+    node's leaves as references to their files), so a pickle rebuilds a node with the same tags; a
+    Memmap node holding a copy-on-write leaf anywhere reduces as its ``clone()`` (untagged, by value)."""
     root = type(node)._root
     keys, batch_size, device, tags = node._meta
+    if Memmap in tags and _holds_private(node):
+        return reduce_node(clone(node))
     values = tuple(node._data.values())
     if Memmap in tags:
         values = tuple(v if isinstance(v, Node) else reference(v) for v in values)
@@ -95,7 +112,7 @@ def rebuild_node(
     except (ValueError, RuntimeError, TypeError) as err:
         raise SerializationError(f"cannot unpickle a {type_name} node: {err}") from None
     if Memmap in tags:
-        values = tuple(v if isinstance(v, Node) else resolve(v) for v in values)
+        values = _resolved(values)
     for k, v in zip(keys, values):
         if type(v) not in _LEAF_TYPES and not isinstance(v, Node):
             raise SerializationError(
@@ -119,6 +136,124 @@ def rebuild_node(
     found = recorded if recorded is not None else built._meta[2]
     node = make(root, dict(zip(keys, values)), built._meta[1], found)
     return retag(node, tags) if tags else node
+
+
+def deepcopy_node(node: Node, memo: dict[int, Any]) -> Any:
+    """``copy.deepcopy`` support: what ``copy`` does with :func:`reduce_node`'s reduction, except for a
+    Memmap node, which copies its values into memory (untagged, as ``clone()``: new storage) rather than
+    mapping the same files again, where writes would reach the original's."""
+    fn, args = reduce_node(retag(node, frozenset()) if Memmap in node._meta[3] else node)
+    out = fn(*copy.deepcopy(args, memo))
+    memo[id(node)] = out
+    return out
+
+
+# -- Memmap leaves by reference ----------------------------------------------------------------
+
+_REF = "tdtree.memmap-leaf/2"
+# what tdtree wrote before a reference recorded the identity of its files: never mapped again
+_OLD_REF = "tdtree.memmap-leaf"
+
+
+def _holds_private(node: Node) -> bool:
+    """Whether a leaf of ``node`` (at any depth) is mapped copy-on-write: its values may be in no file."""
+    for leaf in leaves(node):
+        found = origin(leaf)
+        if found is not None and found.mode == "c":
+            return True
+    return False
+
+
+def reference(leaf: torch.Tensor) -> Any:
+    """A plain tuple naming the file of ``leaf`` (a leaf of a Memmap node mapped ``"r+"`` or ``"r"``),
+    its mode, the identities of its files (see :class:`tdtree._memmap.Origin`) and its view; the leaf
+    itself when it holds no data."""
+    storage = leaf.untyped_storage()
+    if storage.nbytes() == 0:
+        return leaf
+    found = origin(leaf)
+    if found is None:
+        raise MemmapError(
+            "cannot pickle a Memmap node whose leaf is not mapped from a memmap file; "
+            "pickle node.unlock().clone() for a copy by value"
+        )
+    return (
+        _REF,
+        found.prefix,
+        found.leaf,
+        found.mode,
+        found.meta,
+        found.file,
+        storage.nbytes(),
+        dtype_name(leaf.dtype),
+        tuple(leaf.shape),
+        tuple(leaf.stride()),
+        leaf.storage_offset(),
+    )
+
+
+def _ints(value: object, n: int | None = None) -> bool:
+    return type(value) is tuple and (n is None or len(value) == n) and all(type(v) is int for v in value)
+
+
+def _checked(ref: object) -> tuple[Any, ...]:
+    """``ref``, a :func:`reference` tuple from a pickle (possibly an untrusted one), after checking its form."""
+    if type(ref) is tuple and len(ref) == 9 and ref[0] == _OLD_REF:
+        raise MemmapError(
+            f"a memmap leaf of {str(ref[1])[:200]} was pickled by an older tdtree, which records no identity of "
+            "its files: it is not mapped again (the directory may hold another writer's bytes now)"
+        )
+    if not (type(ref) is tuple and len(ref) == 11 and ref[0] == _REF):
+        raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
+    _, prefix, index, mode, meta, identity, nbytes, dtype, shape, stride, offset = ref
+    found = dtype_named(dtype)
+    if (
+        type(prefix) is not str
+        or type(index) is not int
+        or index < 0
+        or mode not in ("r", "r+")
+        or not _ints(meta, 4)
+        or not _ints(identity, 2)
+        or type(nbytes) is not int
+        or nbytes <= 0
+        or found is None
+        or not mappable(found)
+        or not _ints(shape)
+        or not _ints(stride)
+        or type(offset) is not int
+    ):
+        raise MemmapError(f"malformed memmap leaf reference {str(ref)[:120]}")
+    return ref
+
+
+def _resolved(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` of a Memmap node with each :func:`reference` replaced by its leaf, mapped again
+    (:func:`tdtree._memmap.reopen`, once per directory) from the very files that were mapped."""
+    out = list(values)
+    groups: dict[tuple[str, Any], list[int]] = {}
+    for i, value in enumerate(values):
+        if isinstance(value, Node):
+            continue
+        if isinstance(value, torch.Tensor):
+            if value.untyped_storage().nbytes():
+                raise MemmapError("cannot unpickle a Memmap node whose leaf holds data but names no memmap file")
+            continue
+        ref = out[i] = _checked(value)
+        groups.setdefault((ref[1], ref[4]), []).append(i)
+    for (prefix, meta), where in groups.items():
+        try:
+            storages = reopen(prefix, meta, [(out[i][2], out[i][6], out[i][3], out[i][5]) for i in where])
+        except MemmapError as err:
+            raise MemmapError(f"cannot unpickle a Memmap node: {err}") from None
+        for i, storage in zip(where, storages):
+            _, _, index, _, _, _, _, dtype, shape, stride, offset = out[i]
+            try:
+                out[i] = torch.empty(0, dtype=dtype_named(dtype)).set_(storage, offset, shape, stride)
+            except RuntimeError as err:
+                raise MemmapError(
+                    f"memmap leaf reference does not fit {os.path.join(prefix, leaf_name(index))}: {err}"
+                ) from err
+    return tuple(out)
 
 
 torch.serialization.add_safe_globals([rebuild_node])

@@ -15,10 +15,10 @@ import torch
 
 import tdtree as tt
 from tdtree import Locked, Memmap, TensorDict
-from tdtree._memmap import META, leaf_name, reference, resolve
-from tdtree._pickle import rebuild_node
+from tdtree._memmap import META, leaf_name
+from tdtree._pickle import rebuild_node, reference
 from tdtree._tags import retag
-from tdtree.errors import MemmapError
+from tdtree.errors import MemmapError, WriteError
 from tdtree.testing import assert_equal
 
 MM = frozenset({Memmap, Locked})
@@ -493,9 +493,10 @@ def test_read_only_node_unpickles_read_only(tmp_path):
     nested().memmap(tmp_path / "mm")
     ro = tt.load_memmap(tmp_path / "mm", mode="r")
     back = pickle.loads(pickle.dumps(ro))
-    assert back.tags == MM and reference(back["obs"])[3] is False
-    back["obs"].fill_(7.0)
-    assert not torch.equal(tt.load_memmap(tmp_path / "mm")["obs"], back["obs"])
+    assert back.tags == MM and reference(back["obs"])[3] == "r"
+    with pytest.raises(WriteError, match="read-only"):
+        back.fill_("obs", 7.0)
+    assert_equal(back, ro)
 
 
 def test_memmap_node_pickles_to_another_process(tmp_path):
@@ -513,12 +514,13 @@ def test_memmap_node_pickles_to_another_process(tmp_path):
 
 
 def test_views_of_a_memmap_leaf_pickle_by_reference(tmp_path):
-    td = TensorDict({"m": torch.arange(12.0).reshape(4, 3)}, [4]).memmap(tmp_path / "mm")
-    view = td["m"].T[1:, 1:3]
-    ref = reference(view)
-    assert ref[1:3] == (str(tmp_path / "mm"), 0) and ref[6:] == ((2, 2), (1, 3), 4)
-    again = resolve(ref)
-    assert torch.equal(again, view)
+    td = TensorDict({"m": torch.arange(12.0).reshape(4, 3)}, []).memmap(tmp_path / "mm")
+    views = td.apply(lambda m: m.T[1:, 1:3])
+    assert views.tags == MM  # the same storage: the rule keeps the tags
+    ref = reference(views["m"])
+    assert ref[1:3] == (str(tmp_path / "mm"), 0) and ref[8:] == ((2, 2), (1, 3), 4)
+    again = pickle.loads(pickle.dumps(views))["m"]
+    assert torch.equal(again, views["m"]) and again.stride() == (1, 3)
     again[0, 0] = -1.0
     assert td["m"][1, 1] == -1.0
 
@@ -544,22 +546,27 @@ def test_crafted_references_open_nothing_else(tmp_path):
     secret.mkdir()
     (secret / leaf_name(0)).write_bytes(b"\x00" * 8)
     target = tmp_path / "planted"
+    ids = (0, 0, 0, 0), (0, 0)
+
+    def crafted(prefix, index, nbytes, shape, meta=ids[0], file=ids[1], mode="r+", dtype="float32"):
+        return ("tdtree.memmap-leaf/2", str(prefix), index, mode, meta, file, nbytes, dtype, shape, (1,), 0)
+
     cases = [
-        (("tdtree.memmap-leaf", str(secret), 0, True, 8, "float32", (2,), (1,), 0), r"holds no meta.json"),
-        (("tdtree.memmap-leaf", str(target), 0, True, 8, "float32", (2,), (1,), 0), r"holds no meta.json"),
-        (("tdtree.memmap-leaf", "/x", "0", True, 8, "float32", (2,), (1,), 0), r"malformed memmap leaf reference"),
+        (crafted(secret, 0, 8, (2,)), r"missing metadata file .*secret/meta.json"),
+        (crafted(target, 0, 8, (2,)), r"planted does not exist"),
+        (crafted("/x", "0", 8, (2,)), r"malformed memmap leaf reference"),
+        (crafted("/x", 0, 8, (2,), mode="w"), r"malformed memmap leaf reference"),
+        (crafted("/x", 0, 8, (2,), dtype="qint8"), r"malformed memmap leaf reference"),
+        (crafted("/x", 0, 8, (2,), meta=(0, 0)), r"malformed memmap leaf reference"),
         (("os.system", "touch x"), r"malformed memmap leaf reference"),
     ]
-    nested().memmap(tmp_path / "mm")
+    td = nested().memmap(tmp_path / "mm")
+    meta = reference(td["obs"])[4]
     cases += [
-        (
-            ("tdtree.memmap-leaf", str(tmp_path / "mm"), 7, True, 8, "float32", (2,), (1,), 0),
-            r"missing leaf file .*leaf-000007.bin",
-        ),
-        (
-            ("tdtree.memmap-leaf", str(tmp_path / "mm"), 3, True, 48, "float32", (20,), (1,), 0),
-            r"reference does not fit .*leaf-000003.bin",
-        ),
+        (crafted(tmp_path / "mm", 3, 48, (12,)), r"mm no longer holds the memmap directory that was mapped"),
+        (crafted(tmp_path / "mm", 7, 8, (2,), meta), r"missing leaf file .*leaf-000007.bin"),
+        (crafted(tmp_path / "mm", 3, 48, (12,), meta), r"leaf-000003.bin is not the file that was mapped"),
+        (crafted(tmp_path / "mm", 3, 48, (20,), meta, reference(td["obs"])[5]), r"does not fit .*leaf-000003.bin"),
     ]
     for ref, message in cases:
         buf = io.BytesIO()

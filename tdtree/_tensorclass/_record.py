@@ -90,7 +90,10 @@ def load_memmap(prefix: str | os.PathLike[str], mode: str = "r+") -> Any:
         mode: as numpy's memmap: ``"r+"`` maps the files shared: in-place writes go
             to the files and are seen by every process that maps them. ``"r"``:
             read-only, every tdtree in-place writer raises WriteError. ``"c"``:
-            copy-on-write, in-place writes stay in this process's memory.
+            copy-on-write, in-place writes stay in this process's memory. A pickle (or
+            torch.multiprocessing) of an ``"r+"`` / ``"r"`` node maps the same files again
+            with the same mode, or raises MemmapError when ``prefix`` no longer holds them;
+            a ``"c"`` node pickles by value, as its ``clone()`` (untagged).
 
     Returns:
         The node, on the CPU, tagged ``{Memmap, Locked}`` on every sub-node; a tensorclass
