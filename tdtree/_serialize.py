@@ -196,9 +196,16 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
     Returns:
         None; ``node`` is not changed.
 
+    The file is written under a temporary name beside ``path`` (``.NAME.PID.XXXX.tmp``) and renamed
+    over it; the temporary files that earlier saves to ``path`` left when their process was killed
+    are removed first (those of live processes are kept), as :func:`memmap` does for its directories.
+
     Raises:
         TypeError: ``node`` is not a node.
-        OSError: the file cannot be written (nothing is left at ``path`` or beside it).
+        SerializationError: a leaf is of a kind :func:`load` could not read back (a tensor subclass,
+            sparse or nested); nothing is written.
+        OSError: the file cannot be written (a full disk: errno ``ENOSPC``; a file-size limit:
+            ``EFBIG``), naming ``path``; the old file at ``path`` is left as it was and nothing beside it.
 
     Example:
         >>> import tempfile, torch, tdtree
