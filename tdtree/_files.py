@@ -31,6 +31,7 @@ __all__ = [
     "open_regular",
     "map_regular",
     "remove_stale",
+    "temp_path",
     "alive",
     "swap_in",
     "META_MAX",
@@ -159,9 +160,15 @@ def _map_fd(fd: int, path: str, nbytes: int, dtype: torch.dtype, mode: str) -> t
     return torch.frombuffer(buffer, dtype=dtype)
 
 
+def temp_path(parent: str, name: str) -> str:
+    """A fresh temporary name in ``parent`` for a writer of ``name``, carrying this process's pid so
+    that :func:`remove_stale` can tell a killed writer's leftovers from a live one's."""
+    return os.path.join(parent, f".{name[:40]}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+
+
 def remove_stale(parent: str, name: str) -> None:
-    """Remove the temporary and old directories of ``name`` that a killed writer left in ``parent``
-    (their names carry the writer's pid; a live writer's are kept)."""
+    """Remove the temporary and old directories and files of ``name`` that a killed writer left in
+    ``parent`` (their names carry the writer's pid; a live writer's are kept)."""
     head = f".{name[:40]}."
     try:
         entries = os.listdir(parent)
@@ -171,9 +178,14 @@ def remove_stale(parent: str, name: str) -> None:
         if not entry.startswith(head) or not entry.endswith((".tmp", ".old")):
             continue
         pid = entry[len(head) :].split(".", 1)[0]
-        if not pid.isdigit() or alive(int(pid)):
-            continue
-        shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        if not pid.isdigit() or len(pid) > 10 or alive(int(pid)):
+            continue  # not a pid (a name of another scheme), or a live writer's
+        stale = os.path.join(parent, entry)
+        if os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
 
 
 def alive(pid: int) -> bool:

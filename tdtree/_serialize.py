@@ -1,6 +1,6 @@
 """One-file save and safe load of nodes.
 
-``save`` writes, with ``torch.save``, a plain dict: a JSON string describing
+``save`` writes, in ``torch.save``'s format, a plain dict: a JSON string describing
 the tree (the memmap metadata format: keys, batch sizes, devices, dtypes,
 shapes), one uint8 tensor ``packed`` holding the bytes of every cpu leaf whose
 dtype is plain bytes (each at the next multiple of 64 bytes, in leaf order),
@@ -17,6 +17,15 @@ refuses anything else); the description lists the leaves that were
 ``requires_grad``. Both lists are optional (absent: none), so files written
 before them still load, and a reader that does not know them loads the values.
 
+How: ``torch.save`` writes the dict with its storages' bytes left out
+(``torch.serialization.skip_data``: the records are reserved and read as
+zeros), then each leaf's bytes are written into its record, straight from the
+leaf's memory (see ``_torch_private.save_skeleton``). No buffer of all the
+leaves is ever made, so a save costs one write of each leaf. The file is what
+``torch.save`` of the same dict writes, except that its tensor records carry
+no CRC-32 (as ``torch.save`` under ``set_crc32_options(False)`` writes them;
+``torch.load`` does not check one), so every file of every version loads.
+
 Why packed: ``torch.load`` spends ~0.1 ms in Python on every tensor record of
 a file, so a model's few hundred weights cost more to unpickle than to read;
 one buffer is one record, whatever the number of leaves.
@@ -24,10 +33,10 @@ one buffer is one record, whatever the number of leaves.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
-import secrets
 import zipfile
 from collections.abc import Callable
 from typing import Any
@@ -36,11 +45,12 @@ import torch
 from torch import nn
 
 from ._base import Node
+from ._files import remove_stale, temp_path
 from ._keys import display
 from ._memmap import as_bytes, assemble, checked_size, describe, mappable, open_regular, read_header
 from ._names import name_of
 from ._tags import Locked, retag, tag_rule
-from ._torch_private import storage_id
+from ._torch_private import save_skeleton, storage_id
 from .errors import SerializationError
 
 __all__ = ["save", "load"]
@@ -50,6 +60,7 @@ VERSION = 2
 # Packed leaves start at multiples of this, as fresh allocations do, so every
 # dtype views them and vectorised kernels see aligned data.
 ALIGN = 64
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def _compact(tensor: torch.Tensor) -> torch.Tensor:
@@ -68,25 +79,38 @@ def _aligned(offset: int) -> int:
     return -(-offset // ALIGN) * ALIGN
 
 
-def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The values of ``tensors`` in one uint8 tensor, each starting at a multiple of ``ALIGN``."""
-    values = [as_bytes(t) for t in tensors]
+def _layout(tensors: list[torch.Tensor]) -> tuple[list[int], int]:
+    """Where each of ``tensors`` starts in the packed buffer (a multiple of ``ALIGN``), and its size."""
     starts = []
     end = 0
-    for v in values:
+    for t in tensors:
         start = _aligned(end)
         starts.append(start)
-        end = start + v.numel()
-    buffer = torch.empty(end, dtype=torch.uint8)
-    # numpy's copy is one memcpy; torch's splits large copies over its thread
-    # pool, which costs more than it saves for a memory-bound copy on busy cores
-    out = buffer.numpy()
-    done = 0
-    for start, v in zip(starts, values):
-        out[done:start] = 0  # the padding is written to the file too: never uninitialised memory
-        done = start + v.numel()
-        out[start:done] = v.numpy()
-    return buffer
+        end = start + t.numel() * t.element_size()
+    return starts, end
+
+
+def _write_at(fd: int, data: torch.Tensor, offset: int) -> None:
+    """Write the flat uint8 cpu tensor ``data`` into the file ``fd`` at ``offset``, from its own memory."""
+    view = memoryview(data.numpy())  # type: ignore[arg-type]  # numpy stubs lack Buffer
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
+
+
+def _storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``tensor``'s storage, as torch.save writes them, as a flat uint8 cpu tensor."""
+    raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+    return raw.cpu()
+
+
+def _unsavable(tensor: torch.Tensor) -> str | None:
+    """Why ``save`` cannot write ``tensor`` as a leaf that ``load`` reads back (None: it can)."""
+    if tensor.layout != torch.strided or tensor.is_nested:
+        return f"has layout {tensor.layout}{' (nested)' if tensor.is_nested else ''}"
+    if type(tensor) not in (torch.Tensor, nn.Parameter):
+        return f"is a {type(tensor).__name__}"
+    return None
 
 
 def _reason(err: Exception) -> str:
@@ -97,16 +121,21 @@ def _reason(err: Exception) -> str:
 
 
 # A save file is torch's zip of stored records; deflated ones (a hand-made file) could expand to far
-# more memory than the file takes, so they are refused, as is a record larger than the file.
+# more memory than the file takes, so they are refused, as is a record larger than the file. torch
+# reads a file as a zip when it starts as one, so such a file must be a zip that zipfile reads whole:
+# one whose directory zipfile cannot read is refused rather than left to torch's laxer reader.
 def _check_records(f: Any, path: str) -> None:
     size = os.fstat(f.fileno()).st_size
-    if not zipfile.is_zipfile(f):
-        f.seek(0)
+    head = f.read(4)
+    f.seek(0)
+    if head != b"PK\x03\x04":
         return  # torch's legacy format, or not torch's at all: torch.load refuses what it cannot read
     try:
         infos = zipfile.ZipFile(f).infolist()
-    except (zipfile.BadZipFile, ValueError, OSError) as err:
-        raise SerializationError(f"cannot load {path}: it is not a tdtree save file ({err})") from None
+    except Exception as err:  # noqa: BLE001 - zipfile raises many kinds (BadZipFile, NotImplementedError, ...)
+        raise SerializationError(
+            f"cannot load {path}: it is not a tdtree save file ({type(err).__name__}: {err})"
+        ) from None
     finally:
         f.seek(0)
     for info in infos:
@@ -167,9 +196,16 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
     Returns:
         None; ``node`` is not changed.
 
+    The file is written under a temporary name beside ``path`` (``.NAME.PID.XXXX.tmp``) and renamed
+    over it; the temporary files that earlier saves to ``path`` left when their process was killed
+    are removed first (those of live processes are kept), as :func:`memmap` does for its directories.
+
     Raises:
         TypeError: ``node`` is not a node.
-        OSError: the file cannot be written (nothing is left at ``path`` or beside it).
+        SerializationError: a leaf is of a kind :func:`load` could not read back (a tensor subclass,
+            sparse or nested); nothing is written.
+        OSError: the file cannot be written (a full disk: errno ``ENOSPC``; a file-size limit:
+            ``EFBIG``), naming ``path``; the old file at ``path`` is left as it was and nothing beside it.
 
     Example:
         >>> import tempfile, torch, tdtree
@@ -182,7 +218,16 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
     if not isinstance(node, Node):
         raise TypeError(f"tdtree.save takes a node, got {type(node).__name__}")
     tree, leaves = describe(node, cpu=False)
+    path = os.path.abspath(os.fspath(path))
+    for key, t in leaves:
+        refused = _unsavable(t)
+        if refused:
+            raise SerializationError(
+                f"cannot save {path}: leaf {display(key)!r} {refused}; tdtree.save writes plain strided "
+                "tensors (and nn.Parameter), the leaves tdtree.load reads back"
+            )
     packed = [i for i, (_, t) in enumerate(leaves) if _packable(t)]
+    starts, total = _layout([leaves[i][1] for i in packed])
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -194,21 +239,33 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
         "grad": [i for i, (_, t) in enumerate(leaves) if t.requires_grad],
     }
     in_buffer = set(packed)
-    payload = {
-        "tdtree": json.dumps(doc, ensure_ascii=True, separators=(",", ":")),
-        "packed": _pack([leaves[i][1] for i in packed]),
-        "tensors": [_compact(t) for i, (_, t) in enumerate(leaves) if i not in in_buffer],
-    }
-    path = os.path.abspath(os.fspath(path))
+    # the buffer's pages are never touched: its record is filled from the leaves themselves
+    buffer = torch.empty(total, dtype=torch.uint8)
+    apart = [_compact(t) for i, (_, t) in enumerate(leaves) if i not in in_buffer]
+    payload = {"tdtree": json.dumps(doc, ensure_ascii=True, separators=(",", ":")), "packed": buffer, "tensors": apart}
     parent, name = os.path.split(path)
-    # O_EXCL under a random name, mode 0o666: the umask applies, as to any file the user writes
-    tmp = os.path.join(parent, f".{name[:40]}.{secrets.token_hex(6)}.tmp")
-    os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    remove_stale(parent, name)
+    tmp = temp_path(parent, name)
     try:
-        torch.save(payload, tmp)
+        # O_EXCL, mode 0o666: the umask applies, as to any file the user writes
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | _CLOEXEC, 0o666)
+    except OSError as err:
+        raise OSError(err.errno, f"cannot save {path}: {err.strerror}", tmp) from err
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            offsets = save_skeleton(payload, f, [buffer, *apart])
+            for i, start in zip(packed, starts):
+                _write_at(fd, as_bytes(leaves[i][1]), offsets[0] + start)
+            for t, offset in zip(apart, offsets[1:]):
+                if offset >= 0:
+                    _write_at(fd, _storage_bytes(t), offset)
         os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(err, OSError) and not isinstance(err, SerializationError):
+            # a full disk, a quota, a file size limit: the errno, and the file it stopped
+            raise OSError(err.errno, f"cannot save {path}: {err.strerror or err}") from err
         raise
 
 

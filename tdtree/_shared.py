@@ -14,10 +14,17 @@ A copy is a new leaf of autograd, not a step autograd records (a recorded
 copy is not a leaf, and torch refuses to send a non-leaf that requires grad to
 another process): it keeps the input leaf's ``requires_grad``, and a copy of
 an ``nn.Parameter`` is an ``nn.Parameter``.
+
+Under torch's ``file_descriptor`` sharing strategy (Linux's default) every
+shared cpu leaf keeps a file descriptor open for as long as it lives, so a
+process holding many shared leaves runs out of them: that failure is raised as
+``SharedMemoryError`` naming the fix, and the copies made before it are freed.
 """
 
 from __future__ import annotations
 
+import errno
+import resource
 from typing import Any
 
 import torch
@@ -27,6 +34,7 @@ from ._base import Node
 from ._maps import leaves, map_leaves
 from ._tags import Locked, Shared, retag, storage_key
 from ._torch_private import in_shared_memory
+from .errors import SharedMemoryError
 
 __all__ = ["share_memory"]
 
@@ -48,6 +56,23 @@ def _sendable(leaf: torch.Tensor) -> bool:
     if leaf.requires_grad and not leaf.is_leaf:
         return False
     return storage_key(leaf) is None or in_shared_memory(leaf)
+
+
+def _out_of_descriptors(err: RuntimeError, node: Node) -> SharedMemoryError | None:
+    """The named error for torch's failure to open one more shared-memory file (None: another failure)."""
+    if "Too many open files" not in str(err):
+        return None
+    count = sum(1 for _ in leaves(node))
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return SharedMemoryError(
+        errno.EMFILE,
+        f"share_memory() of a node of {count} leaves ran out of file descriptors: torch's {strategy!r} "
+        f"sharing strategy keeps one open file per shared leaf, and this process may open {limit}. "
+        'Call torch.multiprocessing.set_sharing_strategy("file_system") before sharing (in every '
+        "process), or raise the limit (ulimit -n, resource.setrlimit(resource.RLIMIT_NOFILE, ...)). "
+        f"torch said: {err}",
+    )
 
 
 def share_memory(node: Node) -> Any:
@@ -77,6 +102,10 @@ def share_memory(node: Node) -> Any:
         ``update_``, ``copy_``, ``at[...].set_`` write into it): the input's leaves,
         or new copies of them in shared memory.
 
+    Raises:
+        SharedMemoryError: the process ran out of file descriptors (torch's ``file_descriptor``
+            strategy keeps one per shared leaf); nothing is returned or tagged, the copies made are freed.
+
     Example:
         >>> import torch, tdtree as tt
         >>> td = tt.TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]).share_memory()
@@ -87,4 +116,13 @@ def share_memory(node: Node) -> Any:
     """
     if all(map(_sendable, leaves(node))):
         return retag(node, _SHARED_LOCKED)
-    return retag(map_leaves(_shared_copy, node), _SHARED_LOCKED)
+    try:
+        copied = map_leaves(_shared_copy, node)
+    except RuntimeError as err:
+        failure = _out_of_descriptors(err, node)
+        if failure is None:
+            raise
+    else:
+        return retag(copied, _SHARED_LOCKED)
+    # raised outside the handler: torch's error, and the copies its traceback holds, are freed first
+    raise failure

@@ -48,6 +48,14 @@ Makefile pins).
   strategy sends only its own kind without moving it.
 * For ``tdtree.control``: ``scan``, ``associative_scan`` and ``map``, which torch offers only under
   ``torch._higher_order_ops`` (``cond`` and ``while_loop`` are public).
+* Where ``torch.save`` puts each storage's bytes: ``tdtree.save`` writes the file with
+  ``torch.serialization.skip_data`` (public, documented as a prototype: the records are reserved,
+  their bytes left out) and then writes each storage's bytes into its record itself, from the
+  leaves, with no copy of them into one buffer. Which record holds which storage is torch's
+  format, not its API: storages are keyed ``data/0``, ``data/1``, ... in the order the pickler
+  first meets them (``Storage._cdata`` telling them apart), and tensors on the meta device get no
+  record. ``save_skeleton`` checks every record's size against its storage, so a torch that
+  changes this fails loudly rather than writing a wrong file.
 * For ``tdtree.testing``'s compile law: a backend that counts the frames it
   compiles, and dynamo's count of graph breaks.
 * Whether ``torch.compile`` is tracing (``torch.compiler.is_compiling``): public, but asked here
@@ -76,10 +84,13 @@ import importlib.util
 import inspect
 import logging
 import os
+import struct
 import sys
 import types
+import warnings
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -109,6 +120,7 @@ __all__ = [
     "scan",
     "associative_scan",
     "hop_map",
+    "save_skeleton",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -392,3 +404,40 @@ def quiet_trace_log() -> Iterator[None]:
         yield
     finally:
         log.removeFilter(_drop)
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip local file header: signature ... name and extra lengths
+
+
+def save_skeleton(obj: Any, file: IO[bytes], tensors: list[torch.Tensor]) -> list[int]:
+    """``torch.save(obj, file)`` with every storage's bytes left out (the file holds zeros there),
+    and, for each of ``tensors`` (every tensor of ``obj``, strided, in the order the pickler meets
+    them), the offset in ``file`` where its storage's bytes go (-1 for a meta tensor: no record)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Serializing tensors on the meta device", UserWarning)
+        with torch.serialization.skip_data():
+            torch.save(obj, file)
+    file.flush()
+    keys: dict[int, str] = {}
+    for t in tensors:
+        if not t.is_meta:
+            keys.setdefault(t.untyped_storage()._cdata, str(len(keys)))
+    with zipfile.ZipFile(file) as archive:
+        records = {info.filename.split("/", 1)[-1]: info for info in archive.infolist() if "/data/" in info.filename}
+    if len(records) != len(keys):
+        raise RuntimeError(f"torch.save wrote {len(records)} storage records for {len(keys)} storages")
+    offsets = []
+    for t in tensors:
+        if t.is_meta:
+            offsets.append(-1)
+            continue
+        info = records.get(f"data/{keys[t.untyped_storage()._cdata]}")
+        nbytes = t.untyped_storage().nbytes()
+        if info is None or info.file_size != nbytes or info.compress_type != zipfile.ZIP_STORED:
+            raise RuntimeError(f"torch.save's record of a {nbytes}-byte storage is not where tdtree expects it")
+        file.seek(info.header_offset)
+        signature, name_len, extra_len = _LOCAL_HEADER.unpack(file.read(_LOCAL_HEADER.size))
+        if signature != b"PK\x03\x04":
+            raise RuntimeError("torch.save's zip record has no local header where its directory says")
+        offsets.append(info.header_offset + _LOCAL_HEADER.size + name_len + extra_len)
+    return offsets

@@ -26,6 +26,7 @@ __all__ = [
     "OutKeysError",
     "PeerFailedError",
     "SerializationError",
+    "SharedMemoryError",
     "StructureMismatchError",
     "TorchVersionError",
     "WriteError",
@@ -153,7 +154,15 @@ class WriteIndexError(WriteError, BatchDimError):
 
 class SerializationError(OSError):
     """A file given to ``tdtree.load`` is not a tdtree save file, is corrupt, or holds objects that
-    safe loading refuses to rebuild; the message names the file."""
+    safe loading refuses to rebuild, or ``tdtree.save`` was given a leaf that ``load`` could not read
+    back; the message names the file."""
+
+
+class SharedMemoryError(OSError):
+    """``share_memory()`` ran out of file descriptors: under torch's ``file_descriptor`` sharing strategy
+    (Linux's default) every shared leaf holds one open file. The message names the leaf count, the
+    strategy and the fixes: ``torch.multiprocessing.set_sharing_strategy("file_system")``, or a higher
+    ``RLIMIT_NOFILE``. ``errno`` is ``EMFILE``."""
 
 
 class OutKeysError(ValueError):

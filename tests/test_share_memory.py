@@ -7,7 +7,11 @@ autograd records), ``module.share_memory()`` (in place: Parameters stay Paramete
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
+import textwrap
 from multiprocessing.reduction import ForkingPickler
 
 import pytest
@@ -120,3 +124,43 @@ def test_shared_weights_are_written_in_place_under_no_grad_as_torch_writes_them(
         ref_leaf = ref.state_dict(keep_vars=True)[".".join(key)]
         assert type(leaf) is type(ref_leaf) and leaf.requires_grad == ref_leaf.requires_grad and leaf.is_leaf
         torch.testing.assert_close(leaf.detach(), ref_leaf.detach(), rtol=0, atol=0)
+
+
+def test_running_out_of_file_descriptors_names_the_strategy_and_the_fix() -> None:
+    """Under the file_descriptor strategy each shared leaf holds an open file: with the limit lowered,
+    share_memory() of 400 leaves fails with SharedMemoryError, the descriptors it opened are closed
+    again, and with the file_system strategy the same node shares (torch's own share_memory_ of the
+    same tensors fails the same way)."""
+    code = textwrap.dedent(
+        """
+        import errno, os, resource, torch, tdtree as tt
+        from tdtree.errors import SharedMemoryError
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        torch.multiprocessing.set_sharing_strategy("file_descriptor")
+        td = tt.TensorDict({f"k{i}": torch.zeros(2) for i in range(400)}, [2])
+        try:
+            [torch.zeros(2).share_memory_() for _ in range(400)]
+        except RuntimeError as err:
+            print("torch:", "Too many open files" in str(err))
+        before = len(os.listdir("/proc/self/fd"))
+        try:
+            td.share_memory()
+        except SharedMemoryError as err:
+            print("error:", err.errno == errno.EMFILE, isinstance(err, OSError), err)
+        print("fds back:", len(os.listdir("/proc/self/fd")) == before)
+        torch.multiprocessing.set_sharing_strategy("file_system")
+        shared = td.share_memory()
+        print("file_system:", all(v.is_shared() for v in shared.values()), sorted(t.name for t in shared.tags))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "torch: True"
+    assert lines[1].startswith(
+        "error: True True [Errno 24] share_memory() of a node of 400 leaves ran out of file descriptors"
+    )
+    assert "'file_descriptor' sharing strategy" in lines[1] and "may open 256" in lines[1]
+    assert 'set_sharing_strategy("file_system")' in lines[1] and "RLIMIT_NOFILE" in lines[1]
+    assert lines[2:] == ["fds back: True", "file_system: True ['Locked', 'Shared']"]

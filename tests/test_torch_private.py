@@ -425,3 +425,22 @@ def test_the_trace_log_is_quiet_inside_and_as_it_was_after():
     finally:
         log.removeHandler(handler)
     assert [r.getMessage() for r in seen] == ["after"]
+
+
+def test_save_skeleton_finds_the_record_of_each_storage(tmp_path):
+    """torch.save under skip_data reserves one record per storage, keyed in the order the pickler meets
+    them; writing each storage's bytes at the offset given makes the file torch.save writes."""
+    a, b = torch.arange(5, dtype=torch.int32), torch.randn(3, 2)
+    payload = {"x": a, "y": [b, a, torch.empty(4, device="meta"), torch.ones(7, dtype=torch.float16)]}
+    tensors = [a, b, a, payload["y"][2], payload["y"][3]]
+    with open(tmp_path / "s.pt", "w+b") as f:
+        offsets = P.save_skeleton(payload, f, tensors)
+        assert offsets[0] == offsets[2] and offsets[3] == -1 and len(set(offsets)) == 4
+        for t, offset in zip(tensors, offsets):
+            if offset >= 0:
+                f.seek(offset)
+                f.write(t.numpy().tobytes())
+    back = torch.load(tmp_path / "s.pt", weights_only=True)
+    assert torch.equal(back["x"], a) and torch.equal(back["y"][0], b) and torch.equal(back["y"][3], payload["y"][3])
+    assert back["y"][1].untyped_storage().data_ptr() == back["x"].untyped_storage().data_ptr()
+    assert back["y"][2].is_meta and back["y"][2].shape == (4,)
