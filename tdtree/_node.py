@@ -22,7 +22,21 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import _combine, _device, _index, _inplace, _keyops, _lookup, _maps, _memmap, _ops, _records, _shape, _shared
+from . import (
+    _combine,
+    _device,
+    _index,
+    _inplace,
+    _keyops,
+    _lookup,
+    _maps,
+    _memmap,
+    _ops,
+    _records,
+    _shape,
+    _shared,
+    _statedict,
+)
 from ._base import Node
 from ._dataset import TensorDictDataset, not_a_dataset
 from ._pickle import deepcopy_node, reduce_node
@@ -526,6 +540,9 @@ class TensorDict(Node):
     copy_ = _inplace.copy_
     zero_ = _inplace.zero_
     fill_ = _inplace.fill_
+    # torch's Stateful protocol (torch.distributed.checkpoint)
+    state_dict = _statedict.state_dict
+    load_state_dict = _statedict.load_state_dict
     share_memory: ClassVar[Callable[[TensorDict], TensorDict]] = _shared.share_memory
 
     # -- memory-mapped files and serialization (_memmap.py, _serialize.py) --------------

@@ -432,6 +432,16 @@ class RecordOps(Holder):
         self._td.update_(_unwrap(other))
         return self
 
+    def state_dict(self) -> dict[str, Any]:
+        """Nested plain dicts of the tensor fields' own leaves (torch's ``Stateful`` protocol, as a node's)."""
+        return self._td.state_dict()
+
+    def load_state_dict(self, state_dict: Any) -> Self:
+        """This instance, after writing ``state_dict`` (every tensor field, nested as :meth:`state_dict`
+        gives it) into the leaves in place; tags kept."""
+        self._td.load_state_dict(state_dict)
+        return self
+
     def fill_(self, key: Any, value: Any) -> Self:
         """This instance, after filling the data field (or the leaf below it) at ``key`` with ``value``."""
         self._td.fill_(key, value)
