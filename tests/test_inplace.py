@@ -603,6 +603,7 @@ def test_every_index_kind_casts_the_value_as_torch_copy_does(kind: str, function
         assert all(bool((v == 0).all()) for v in td.values())
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # torch deprecates quantized creation
 def test_a_quantized_value_is_refused_naming_the_key_before_any_write() -> None:
     torch_refuses = torch.zeros(3)
     q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.quint8)
@@ -620,6 +621,7 @@ def test_a_quantized_value_is_refused_naming_the_key_before_any_write() -> None:
         _refused_untouched(full, write, WriteTypeError, r"'[ab]' holds torch.float32 and the value is a quantized")
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")  # torch deprecates quantized creation
 def test_quantized_leaves_take_float_values_as_torch_does() -> None:
     q = torch.quantize_per_tensor(torch.zeros(3), 0.5, 0, torch.quint8)
     td = tt.TensorDict({"q": q.clone()}, [3])
