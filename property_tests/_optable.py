@@ -178,6 +178,9 @@ ROWS: list[Row] = [
     Row("sum_keepdim", lambda x: x.sum(0, keepdim=True), bmap(lambda t, n: t.sum(0, keepdim=True)), min_batch=1),
     Row("mean_all", lambda x: x.mean(), bmap(lambda t, n: t.mean(tuple(range(n))) if n else t.clone())),
     Row("amax_last", lambda x: x.amax(-1), bmap(lambda t, n: t.amax(n - 1)), min_batch=1),
+    Row("max_last", lambda x: x.max(-1), lambda d, bs: parts(lambda t: tuple(t.max(len(bs) - 1)))(d, bs), min_batch=1),
+    Row("min_all", lambda x: x.min(), bmap(lambda t, n: t.amin(tuple(range(n))) if n else t.clone())),
+    Row("norm", lambda x: x.norm(), tmap(torch.linalg.vector_norm)),
     Row("any_dim0", lambda x: (x > 0).any(0), bmap(lambda t, n: (t > 0).any(0)), min_batch=1, diff=False),
     Row("all_scalar", lambda x: (x > -9).all(), lambda d, bs: torch.tensor(True), diff=False),
     # apply

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "leaves",
     "flat",
     "unflat",
+    "unflat_scalar",
     "flat_tree",
     "unflat_tree",
     "check_same_keys",
@@ -96,6 +98,14 @@ def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = No
         return _refill(spec, iter(values))
     it = iter(values)
     return _refill_batch(spec, lambda _: next(it), batch_size, len(spec._meta[1]))
+
+
+def unflat_scalar(spec: Node, values: Iterable[Any]) -> Any:
+    """:func:`unflat` with batch size () at every level, sub-nodes included: a node of per-leaf
+    values whose shapes are their own (a leaf's norm). Untagged."""
+    it = iter(values)
+    # an n past every batch size, so that no sub-node keeps batch dims of its own
+    return _refill_batch(spec, lambda _: next(it), torch.Size(), sys.maxsize)
 
 
 def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:

@@ -414,6 +414,9 @@ class TensorDict(Node):
     mean = _ops.mean
     amax = _ops.amax
     amin = _ops.amin
+    max = _ops.max
+    min = _ops.min
+    norm = _ops.norm
     all = _ops.all
     any = _ops.any
 

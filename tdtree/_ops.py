@@ -28,7 +28,8 @@ import torch
 
 from ._base import Holder, Node, NodeT
 from ._foreach import foreach
-from ._maps import flat, paired_leaves, rebuild, unflat
+from ._lookup import walk_keys
+from ._maps import flat, paired_leaves, rebuild, unflat, unflat_scalar
 from ._tags import tag_rule
 from ._validate import dim_index
 from .errors import BatchDimError, BatchSizeError
@@ -72,6 +73,9 @@ __all__ = [
     "mean",
     "amax",
     "amin",
+    "max",
+    "min",
+    "norm",
     "all",
     "any",
     "batch_dims",
@@ -350,19 +354,28 @@ Args:
 Returns:
     A new node with the reduced batch size; tags dropped (new storage).
 
+A node without batch dims (batch_size ()) has nothing to reduce: the result is a new node
+with the same values (new storage, so untagged; the dtype is torch's for the reduction, so a
+sum of bools is int64). ``torch.{name}(t, dim=())`` would reduce every dim, feature dims
+included; here ``dim=None`` means every *batch* dim, of which there are none. Reduce a leaf's
+own dims with ``td.apply(torch.{name})`` or ``td.norm()``.
+
 Raises:
     BatchDimError: a dim is out of range for the batch dims, or named twice.
 """
 
 
+def _kept(batch_size: torch.Size, dims: tuple[int, ...], keepdim: bool) -> torch.Size:
+    """The batch size left after reducing batch dims ``dims``."""
+    if keepdim:
+        return torch.Size(1 if i in dims else s for i, s in enumerate(batch_size))
+    return torch.Size(s for i, s in enumerate(batch_size) if i not in dims)
+
+
 def _reduction(name: str, torch_fn: Callable[..., torch.Tensor]) -> _Reduction:
     def fn(node: NodeT, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> NodeT:
-        batch_size = node._meta[1]
-        dims = batch_dims(name, dim, batch_size)
-        if keepdim:
-            kept = torch.Size(1 if i in dims else s for i, s in enumerate(batch_size))
-        else:
-            kept = torch.Size(s for i, s in enumerate(batch_size) if i not in dims)
+        dims = batch_dims(name, dim, node._meta[1])
+        kept = _kept(node._meta[1], dims, keepdim)
         if dims:
             return rebuild(node, lambda x: torch_fn(x, dim=dims, keepdim=keepdim), kept)
         # torch reads dim=() as "every dim", so a reduction over no batch dims goes through a unit dim
@@ -379,6 +392,103 @@ amax = _reduction("amax", torch.amax)
 amin = _reduction("amin", torch.amin)
 _all = _reduction("all", torch.all)
 _any = _reduction("any", torch.any)
+
+
+_EXTREME_DOC = """The {what} over batch dims, as ``torch.{name}`` (``td.{name}()``, ``td.{name}(dim)``).
+
+Args:
+    node: the node (``self`` as a method).
+    dim: None: the {what} over every batch dim, the node :func:`a{name}` gives (values only, as
+        ``torch.{name}(t)``; feature dims stay, by DESIGN 4, where tensordict's ``td.{name}()``
+        reduces them too). An int: one batch dim (negative counts from the last batch dim).
+    keepdim: keep the reduced batch dims with size 1.
+
+Returns:
+    Without ``dim``: a new node. With ``dim``: a ``torch.return_types.{name}`` ``(values,
+    indices)`` of two new nodes with the reduced batch size, as ``torch.{name}(t, dim)`` and
+    tensordict's ``td.{name}(dim)`` give; ``indices`` holds int64 positions along ``dim``. Tags
+    dropped (new storage). A node without batch dims has nothing to reduce: ``td.{name}()`` is a
+    new node of the same values; reduce a leaf's own dims with ``td.apply(torch.a{name})`` or
+    ``td.norm()``.
+
+Raises:
+    BatchDimError: ``dim`` is out of range for the batch dims.
+    TypeError: ``dim`` is a sequence (``td.a{name}(dims)`` reduces several dims).
+
+>>> import torch, tdtree as tt
+>>> td = tt.TensorDict({{"x": torch.tensor([[1, 5], [4, 2]])}}, batch_size=[2])
+>>> td.{name}()["x"]
+tensor({example_all})
+>>> td.{name}(0).indices["x"]
+tensor({example_indices})
+"""
+
+
+def _extreme(
+    name: str, torch_fn: Callable[..., Any], over_all: _Reduction, example: tuple[str, str]
+) -> Callable[..., Any]:
+    structseq = getattr(torch.return_types, name)
+
+    def fn(node: Node, dim: int | None = None, keepdim: bool = False) -> Any:
+        if dim is None:
+            return over_all(node, None, keepdim)
+        if not isinstance(dim, int):
+            raise TypeError(
+                f"{name}: dim is one batch dim (an int), got {dim!r}; td.a{name}(dims) reduces several batch dims"
+            )
+        (d,) = batch_dims(name, dim, node._meta[1])
+        kept = _kept(node._meta[1], (d,), keepdim)
+        leaves, spec = flat(node)
+        pairs = [torch_fn(x, d, keepdim) for x in leaves]
+        values = unflat(spec, [v for v, _ in pairs], kept)
+        indices = unflat(spec, [i for _, i in pairs], kept)
+        # torch's structseq holds any objects; its stub types the fields as tensors
+        return structseq((values, indices))
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = _EXTREME_DOC.format(
+        name=name, what="maxima" if name == "max" else "minima", example_all=example[0], example_indices=example[1]
+    )
+    return tag_rule(fn)
+
+
+max = _extreme("max", torch.max, amax, ("[4, 5]", "[1, 0]"))  # noqa: A001
+min = _extreme("min", torch.min, amin, ("[1, 2]", "[0, 1]"))  # noqa: A001
+
+
+@tag_rule
+def norm(node: NodeT, p: float = 2.0) -> NodeT:
+    """Each leaf's vector ``p``-norm over all of its elements (``td.norm()``), as tensordict's ``td.norm()``.
+
+    A per-leaf measure (what gradient clipping reads), not a batch reduction: the batch dims
+    and the feature dims of each leaf go into its one number. The reductions (``td.sum()``,
+    ``td.amax()``, ...) reduce batch dims only.
+
+    Args:
+        node: the node (``self`` as a method).
+        p: the order, as ``torch.linalg.vector_norm``'s ``ord`` (2, 1, ``float("inf")``, ...).
+
+    Returns:
+        A new node of the same keys holding 0-dim tensors of each leaf's dtype (the real dtype
+        for a complex leaf), batch_size () at every level; tags dropped (new storage).
+
+    Raises:
+        TypeError: a leaf is neither floating point nor complex (the message names its key).
+
+    >>> import torch, tdtree as tt
+    >>> td = tt.TensorDict({"a": torch.full((3, 4), 2.0), "b": {"c": torch.ones(3)}}, batch_size=[3])
+    >>> norms = td.norm()
+    >>> norms["a"], norms["b", "c"], norms.batch_size
+    (tensor(6.9282), tensor(1.7321), torch.Size([]))
+    """
+    leaves, spec = flat(node)
+    for i, x in enumerate(leaves):
+        if not (x.is_floating_point() or x.is_complex()):
+            raise TypeError(
+                f"norm: the leaf {walk_keys(node, True, True)[i]!r} has dtype {x.dtype}; a norm needs floating point or complex "
+                "leaves (cast with td.float(), or td.exclude the key)"
+            )
+    return unflat_scalar(spec, foreach(torch._foreach_norm)(leaves, p) if leaves else leaves)
 
 
 def _over_leaves(node: Node, torch_fn: Callable[..., torch.Tensor], empty: bool) -> torch.Tensor:

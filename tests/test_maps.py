@@ -387,3 +387,71 @@ def test_detach_shares_storage_drops_autograd_and_keeps_tags():
     locked = td.lock()
     assert locked.detach().tags == locked.tags and locked.detach()["s"].tags == locked.tags
     assert td["w"].requires_grad  # the input is unchanged
+
+
+def _batched() -> TensorDict:
+    return TensorDict({"x": torch.randn(2, 3, 4), "s": TensorDict({"y": torch.randn(2, 3, 5)}, [2, 3, 5])}, [2, 3])
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+@pytest.mark.parametrize("dim", [0, -1])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_max_min_with_dim_give_values_and_indices_as_torch(name, dim, keepdim):
+    td = _batched().lock()
+    before = {k: v.clone() for k, v in td.items(True, True)}
+    out = getattr(td, name)(dim, keepdim=keepdim)
+    assert type(out) is getattr(torch.return_types, name)
+    d = dim % 2
+    for k, v in before.items():
+        want = getattr(torch, name)(v, d, keepdim)
+        assert_equal(out.values[k], want.values)
+        assert_equal(out.indices[k], want.indices)
+        assert_equal(td[k], v)
+    assert out.values.batch_size == out.indices.batch_size == want.values.shape[: 2 - (not keepdim)]
+    assert out.values.tags == out.indices.tags == frozenset()
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_without_dim_are_amax_amin_over_batch_dims(name):
+    td = _batched()
+    out = getattr(td, name)()
+    for k, v in td.items(True, True):
+        assert_equal(out[k], getattr(torch, "a" + name)(v, dim=(0, 1)))
+    with pytest.raises(TypeError, match=rf"{name}: dim is one batch dim \(an int\), got \(0, 1\)"):
+        getattr(td, name)((0, 1))
+    with pytest.raises(IndexError, match=rf"{name}: dim 2 is out of range"):
+        getattr(td, name)(2)
+
+
+def test_max_inside_vmap():
+    x = torch.randn(4, 2, 3)
+    out = tt.vmap(lambda n: n.max(0))(TensorDict({"x": x}, [4, 2]))
+    assert_equal(out.values["x"], x.max(1).values)
+    assert_equal(out.indices["x"], x.max(1).indices)
+    got = torch.func.vmap(lambda a: TensorDict({"x": a}, [2]).min(0).indices["x"])(x)
+    assert_equal(got, x.min(1).indices)
+
+
+@pytest.mark.parametrize("name", REDUCTIONS + ["max", "min"])
+def test_reduce_without_batch_dims_gives_a_new_node_of_the_same_values(name):
+    td = TensorDict({"x": torch.randn(3), "s": {"y": torch.randn(2, 2)}}, []).lock()
+    out = getattr(td, name)()
+    for k, v in td.items(True, True):
+        assert_equal(out[k], v)
+        assert out[k].data_ptr() != v.data_ptr()
+    assert out.tags == frozenset()
+
+
+def test_norm_is_each_leafs_vector_norm():
+    td = _batched().lock()
+    for p in (2.0, 1.0, float("inf")):
+        out = td.norm(p)
+        assert out.batch_size == out["s"].batch_size == torch.Size(())
+        for k, v in td.items(True, True):
+            assert_equal(out[k], torch.linalg.vector_norm(v, p))
+    assert td.norm().tags == frozenset()
+    x = torch.randn(4, 2, 3)
+    got = tt.vmap(lambda n: n.norm())(TensorDict({"x": x}, [4, 2]))
+    assert_close(got["x"], torch.linalg.vector_norm(x, dim=(1, 2)))
+    with pytest.raises(TypeError, match=r"norm: the leaf \('s', 'i'\) has dtype torch.int64"):
+        TensorDict({"s": {"i": torch.arange(3)}}, []).norm()

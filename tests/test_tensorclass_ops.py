@@ -97,6 +97,22 @@ def test_amax_amin(name: str) -> None:
     assert_fields(whole, fn(rec.x, 0), fn(rec.inner.y, 0))
 
 
+@pytest.mark.parametrize("name", ["max", "min"])
+def test_max_min_norm(name: str) -> None:
+    rec = make_rec()
+    fn = getattr(torch, name)
+    out = getattr(rec, name)(0)
+    assert type(out) is getattr(torch.return_types, name) and type(out.values) is Rec
+    assert_fields(out.values, fn(rec.x, 0).values, fn(rec.inner.y, 0).values)
+    assert_fields(out.indices, fn(rec.x, 0).indices, fn(rec.inner.y, 0).indices)
+    assert_fields(
+        getattr(rec, name)(), getattr(torch, "a" + name)(rec.x, 0), getattr(torch, "a" + name)(rec.inner.y, 0)
+    )
+    norms = rec.norm()
+    assert norms.batch_size == ()
+    assert_fields(norms, torch.linalg.vector_norm(rec.x), torch.linalg.vector_norm(rec.inner.y))
+
+
 def test_named_apply_sees_field_paths() -> None:
     rec = make_rec()
     seen: list[Any] = []

@@ -354,8 +354,23 @@ class RecordOps(Holder):
         """Minima over batch dims ``dim`` (None: all); drops tags."""
         return self._wrap(self._td.amin(dim, keepdim))
 
+    def max(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
+        """No dim: maxima over all batch dims (as amax); with dim: ``torch.return_types.max`` of two instances."""
+        return self._extreme(self._td.max(dim, keepdim))
+
+    def min(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
+        """No dim: minima over all batch dims (as amin); with dim: ``torch.return_types.min`` of two instances."""
+        return self._extreme(self._td.min(dim, keepdim))
+
+    def _extreme(self, out: Any) -> Any:
+        return type(out)(self._wrap_each(out)) if isinstance(out, tuple) else self._wrap(out)
+
+    def norm(self, p: builtins.float = 2.0) -> Self:
+        """Each leaf's vector p-norm over all its elements, 0-dim fields, batch_size (); drops tags."""
+        return self._wrap(self._td.norm(p))
+
     def all(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
-        """No dim: one 0-dim bool tensor; with dim: an instance of bools."""
+        """No di: one 0-dim bool tensor; with dim: an instance of bools."""
         return self._wrap_any(self._td.all(dim, keepdim))
 
     def any(self, dim: Any = None, keepdim: builtins.bool = False) -> Any:
