@@ -6,6 +6,8 @@ of a meta leaf is a ``MemmapError`` naming the key and ``memmap_like``; ``share_
 keeps meta leaves as they are and refuses, before touching any leaf, a leaf whose subclass
 runs torch's operations itself (a DTensor, whose own ``share_memory_()`` crashes the
 process). ``TensorDict(source)`` of a non-mapping is a ``TypeError`` naming what it takes.
+The in-place writers (``update_``, ``at[idx].set_``) and ``at[idx].set`` refuse a sparse,
+nested, quantized or mkldnn value with ``WriteTypeError`` naming the kind, writing nothing.
 """
 
 from __future__ import annotations
@@ -14,16 +16,119 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
 import torch
 
 import tdtree as tt
-from tdtree.errors import MemmapError
+from tdtree.errors import MemmapError, WriteTypeError
+
+# the constructors of nested, sparse compressed and quantized tensors warn that their API is not stable
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The PyTorch API of nested tensors:UserWarning",
+    "ignore:Sparse (CSR|CSC):UserWarning",
+    "ignore:torch.quantize_per_tensor:UserWarning",
+)
 
 
 def _dense(*shape: int) -> torch.Tensor:
     return torch.arange(float(torch.Size(shape).numel())).reshape(shape)
+
+
+# name -> (a tensor of the kind with a leading dim of 2, words its message must hold)
+KINDS: dict[str, tuple[Callable[[], torch.Tensor], tuple[str, ...]]] = {
+    "sparse_coo": (lambda: _dense(2, 3).to_sparse(), ("sparse_coo", "to_dense()")),
+    "sparse_csr": (lambda: _dense(2, 3).to_sparse_csr(), ("sparse_csr", "to_dense()")),
+    "sparse_csc": (lambda: _dense(2, 3).to_sparse_csc(), ("sparse_csc", "to_dense()")),
+    "nested_strided": (
+        lambda: torch.nested.nested_tensor([_dense(2, 3), _dense(2, 4)]),
+        ("nested tensor", "torch.strided", "to_padded_tensor"),
+    ),
+    "nested_jagged": (
+        lambda: torch.nested.nested_tensor([_dense(2, 3), _dense(4, 3)], layout=torch.jagged),
+        ("nested tensor", "torch.jagged", "to_padded_tensor"),
+    ),
+    "quantized": (
+        lambda: torch.quantize_per_tensor(_dense(2, 3), 0.5, 0, torch.quint8),
+        ("quantized", "quint8", "dequantize()"),
+    ),
+}
+if torch.backends.mkldnn.is_available():
+    KINDS["mkldnn"] = (lambda: _dense(2, 3).to_mkldnn(), ("_mkldnn", "to_dense()"))
+
+
+def _node() -> tt.TensorDict:
+    return tt.TensorDict({"a": _dense(2, 3), "n": {"x": _dense(2)}}, [2])
+
+
+def _versions(td: tt.TensorDict) -> list[tuple[int, torch.Tensor]]:
+    return [(t._version, t.clone()) for t in td.values(include_nested=True, leaves_only=True)]
+
+
+def _assert_unchanged(td: tt.TensorDict, before: list[tuple[int, torch.Tensor]]) -> None:
+    for t, (version, value) in zip(td.values(include_nested=True, leaves_only=True), before):
+        assert t._version == version
+        assert torch.equal(t, value)
+
+
+def _assert_names(err: pytest.ExceptionInfo[BaseException], key: str, words: tuple[str, ...]) -> None:
+    msg = str(err.value)
+    assert key in msg, msg
+    for word in words:
+        assert word in msg, (word, msg)
+
+
+@pytest.fixture(params=sorted(KINDS))
+def kind(request: pytest.FixtureRequest) -> tuple[Callable[[], torch.Tensor], tuple[str, ...]]:
+    return KINDS[request.param]
+
+
+def test_at_set_refuses(kind) -> None:
+    make, words = kind
+    td = _node()
+    before = _versions(td)
+    for write in (td.at[0:2].set, td.at[0:2].set_, td.at[torch.tensor([1, 0])].set_):
+        with pytest.raises(WriteTypeError) as err:
+            write(make())  # of shape (2, 3): does not broadcast to the leaf ('n', 'x')
+        _assert_names(err, "the value is", words)
+    _assert_unchanged(td, before)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: _dense(2).to_sparse(), lambda: torch.quantize_per_tensor(_dense(2), 0.5, 0, torch.quint8)]
+)
+def test_at_set_refuses_a_value_of_the_batch_shape(make: Callable[[], torch.Tensor]) -> None:
+    # a value that broadcasts to every leaf: refused where torch fails to read it, before any write
+    td = _node()
+    before = _versions(td)
+    for write in (td.at[0:2].set, td.at[0:2].set_, td.at[torch.tensor([1, 0])].set_):
+        with pytest.raises(WriteTypeError, match="the value is a (torch.sparse_coo|quantized)"):
+            write(make())
+    _assert_unchanged(td, before)
+
+
+@pytest.mark.parametrize("locked", [True, False])
+def test_update_in_place_refuses_and_writes_nothing(kind, locked: bool) -> None:
+    make, words = kind
+    td = _node().lock() if locked else _node()
+    before = _versions(td)
+    # "a" comes first and fits: it must not be written when "n.x"'s value is refused
+    with pytest.raises(WriteTypeError) as err:
+        td.update_({"a": torch.ones(2, 3), "n": {"x": make()}})
+    _assert_names(err, "('n', 'x')", words)
+    with pytest.raises(WriteTypeError) as err:  # of the leaf's dtype and shape: update_'s inline test
+        td.update_({"n": {"x": torch.ones(2)}, "a": make()})
+    _assert_names(err, "'a'", words)
+    _assert_unchanged(td, before)
+
+
+def test_refused_kinds_are_what_torch_cannot_write_into_a_strided_tensor(kind) -> None:
+    """The kinds refused are the ones torch's own in-place writes refuse into a plain tensor too:
+    the foreach copy update_ runs over leaves refuses each of them."""
+    make, _ = kind
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        torch._foreach_copy_([_dense(2, 3), _dense(2, 3)], [_dense(2, 3), make()])
 
 
 def test_memmap_of_a_meta_leaf_is_refused_and_memmap_like_makes_zeros(tmp_path) -> None:
