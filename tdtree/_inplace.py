@@ -494,8 +494,9 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
 
     Raises:
         KeyNotFoundError: a key of ``other`` is not in the node.
-        WriteError: a value's dtype, device or shape does not fit its leaf, a leaf cannot be
-            written, or a value would change the structure; nothing was written.
+        WriteError: a value's dtype, device or shape does not fit its leaf, a value is a sparse,
+            nested, quantized or mkldnn tensor (``WriteTypeError``), a leaf cannot be written, or a
+            value would change the structure; nothing was written.
 
     Example:
         >>> import torch, tdtree as tt
