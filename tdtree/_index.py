@@ -20,7 +20,17 @@ import torch
 
 from ._base import Node, NodeT, with_meta
 from ._foreach import foreach
-from ._inplace import broadcasts, cast, check_number, checked, each_writable, read_first, same_device, targets_writable
+from ._inplace import (
+    broadcasts,
+    cast,
+    check_number,
+    checked,
+    each_writable,
+    read_first,
+    refuse_kinds,
+    same_device,
+    targets_writable,
+)
 from ._keyops import check_unlocked_tree
 from ._keys import as_path, display
 from ._lookup import walk, walk_keys
@@ -346,14 +356,20 @@ def _pairs(
                 raise KeyMismatchError(op, paths, given)
             values = [given[p] for p in paths]
     elif isinstance(value, torch.Tensor):
-        if not broadcasts(value.shape, new):
+        try:
+            fits = broadcasts(value.shape, new)
+            if fits and inplace:  # one value for every leaf: read it first once (not once per leaf in scatter_)
+                value = read_first([value], leaves)[0]
+            values = [value[(..., *(None,) * (leaf.dim() - n))] for leaf in leaves] if fits else []
+        except (NotImplementedError, RuntimeError):  # no shape (strided nested) or no storage (sparse)
+            refuse_kinds(op, (((), value),))
+            raise
+        if not fits:
+            refuse_kinds(op, (((), value),))
             raise WriteShapeError(
                 f"{op}: a tensor value of shape {tuple(value.shape)} is aligned with the batch dims and does not "
                 f"broadcast to td[idx].batch_size {tuple(new)}"
             )
-        if inplace:  # one value for every leaf: read it first once (not once per leaf in scatter_)
-            value = read_first([value], leaves)[0]
-        values = [value[(..., *(None,) * (leaf.dim() - n))] for leaf in leaves]
     elif isinstance(value, (bool, int, float, complex)):
         values = [value] * len(leaves)
         if inplace:  # the functional set writes a number into a copy as torch's x[idx] = number does
@@ -500,7 +516,9 @@ def scatter(node: NodeT, index: Any, value: Any) -> NodeT:
         except (RuntimeError, ValueError) as err:
             # a number torch refuses for this dtype (1j into a float leaf, an int past 64 bits):
             # the input is untouched (every write went into a copy)
-            where = display(as_path(walk(node, True, True)[i][0]))
+            path = as_path(walk(node, True, True)[i][0])
+            refuse_kinds(_SET, ((path, v),))
+            where = display(path)
             raise WriteTypeError(f"{_SET}: {where!r} holds {x.dtype}; torch refuses the value {v!r}: {err}") from None
     return unflat(spec, out)
 

@@ -65,6 +65,7 @@ __all__ = [
     "targets_writable",
     "each_writable",
     "read_first",
+    "refuse_kinds",
     "mark_read_only",
 ]
 
@@ -297,11 +298,13 @@ def checked(
             )
         if value.shape != target:
             if exact_shape:
+                refuse_kinds(op, ((path, value),))
                 raise WriteShapeError(
                     f"{_where(op, path)} has shape {tuple(target)} and the value has shape "
                     f"{tuple(value.shape)}; copy_ needs equal shapes (update_ broadcasts)"
                 )
             if not broadcasts(value.shape, target):
+                refuse_kinds(op, ((path, value),))
                 raise WriteShapeError(
                     f"{_where(op, path)} has shape {tuple(target)} and the value's shape "
                     f"{tuple(value.shape)} does not broadcast to it; in-place writes never change a shape: "
@@ -309,6 +312,31 @@ def checked(
                 )
         return value
     return check_number(op, path, leaf.dtype, value)
+
+
+def refuse_kinds(op: str, named: Any) -> None:
+    """WriteTypeError for the first of ``named`` ((path, value) pairs) that is a sparse, nested,
+    quantized or mkldnn tensor, naming the key, the kind and the conversion; nothing for the others.
+
+    Called only where a write already failed (a shape that does not fit, torch refusing to read a
+    storage or a shape): the common path reads no kind, so a refused kind costs nothing to writes of
+    strided tensors, and the error it would have met is told by name."""
+    for path, value in named:
+        if not isinstance(value, Tensor):
+            continue
+        layout = value.layout
+        if value.is_nested:
+            why = (
+                f"a nested tensor (layout {layout}); in-place writes take strided tensors: pad it with "
+                "torch.nested.to_padded_tensor(value, padding)"
+            )
+        elif layout is not torch.strided:
+            why = f"a {layout} tensor; in-place writes take strided tensors: convert it with value.to_dense()"
+        elif value.is_quantized:
+            why = f"a quantized {value.dtype} tensor; in-place writes take unquantized tensors: value.dequantize()"
+        else:
+            continue
+        raise WriteTypeError(f"{_where(op, path) if path else op}: the value is {why}")
 
 
 def check_number(op: str, path: tuple[str, ...], dtype: torch.dtype, value: Any) -> Any:
@@ -363,7 +391,12 @@ class _Writes:
         if src:
             if not targets_writable(self.dst):
                 each_writable(self.op, self.node, self.dst)
-            src = read_first(src, self.dst)
+            try:
+                src = read_first(src, self.dst)
+            except (NotImplementedError, RuntimeError):  # torch reads no storage of a sparse or mkldnn value
+                paths = {id(t): p for p, t in walk(self.node, True, True)}
+                refuse_kinds(self.op, ((as_path(paths.get(id(t), ("?",))), v) for t, v in zip(self.dst, src)))
+                raise
             try:
                 foreach(torch._foreach_copy_)(self.dst, src)
             except RuntimeError:
@@ -461,8 +494,9 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
 
     Raises:
         KeyNotFoundError: a key of ``other`` is not in the node.
-        WriteError: a value's dtype, device or shape does not fit its leaf, a leaf cannot be
-            written, or a value would change the structure; nothing was written.
+        WriteError: a value's dtype, device or shape does not fit its leaf, a value is a sparse,
+            nested, quantized or mkldnn tensor (``WriteTypeError``), a leaf cannot be written, or a
+            value would change the structure; nothing was written.
 
     Example:
         >>> import torch, tdtree as tt
@@ -472,9 +506,24 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     """
     source = other._data if isinstance(other, Node) else nest(other)
     writes = _Writes("update_", node)
-    _update_pairs(node, source, (), same_device(node, other), writes)
+    try:
+        _update_pairs(node, source, (), same_device(node, other), writes)
+    except RuntimeError:  # a strided nested value has no shape to compare
+        refuse_kinds("update_", _named(source, ()))
+        raise
     writes.run()
     return node
+
+
+def _named(source: Mapping[str, Any], prefix: tuple[str, ...]) -> Any:
+    """(path, value) of every value in ``source``, a nested mapping or node data, depth first."""
+    for k, v in source.items():
+        if isinstance(v, Node):
+            yield from _named(v._data, (*prefix, k))
+        elif isinstance(v, Mapping):
+            yield from _named(nest(v), (*prefix, k))
+        else:
+            yield (*prefix, k), v
 
 
 def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], same: bool, out: _Writes) -> None:

@@ -388,13 +388,19 @@ def memmap(
 
     Raises:
         MemmapError: ``prefix`` exists (without ``existsok``, or it is not a
-            memmap directory), a leaf's dtype cannot be mapped, or writing
-            failed; nothing is left behind.
+            memmap directory), a leaf's dtype cannot be mapped, a leaf is a meta
+            tensor (with ``values``: it has none), or writing failed; nothing is
+            left behind.
     """
     prefix = os.path.abspath(os.fspath(prefix))
     _check_target(prefix, existsok)
     tree, leaves = describe(node, cpu=True)
     for path, leaf in leaves:
+        if values and leaf.is_meta:
+            raise MemmapError(
+                f"cannot memmap leaf {display(path)!r} to {prefix}: it is a meta tensor, which has a shape and "
+                "a dtype but no values to write; memmap_like(prefix) makes the files at their size, holding zeros"
+            )
         if leaf.dtype not in _MAPPABLE:
             raise MemmapError(
                 f"cannot memmap leaf {display(path)!r} of dtype {leaf.dtype} to {prefix}: only dtypes laid out "

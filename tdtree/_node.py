@@ -563,7 +563,8 @@ class TensorDict(Node):
 
         Raises:
             MemmapError: ``prefix`` exists (without ``existsok``, or is not a memmap directory),
-                a leaf's dtype cannot be mapped, or writing failed; nothing is left behind.
+                a leaf's dtype cannot be mapped, a leaf is a meta tensor (no values: use
+                ``memmap_like``), or writing failed; nothing is left behind.
         """
         return _memmap.memmap(self, prefix, existsok)
 

@@ -31,20 +31,42 @@ import torch
 from torch import nn
 
 from ._base import Node
+from ._lookup import walk
 from ._maps import leaves, map_leaves
 from ._tags import Locked, Shared, retag, storage_key
 from ._torch_private import in_shared_memory
-from .errors import SharedMemoryError
+from .errors import LeafError, SharedMemoryError
 
 __all__ = ["share_memory"]
 
 _SHARED_LOCKED = frozenset({Shared, Locked})
 
+# Tensor's own __torch_dispatch__ (torch's "disabled" implementation), which subclasses that leave
+# torch's operations to torch inherit (nn.Parameter, a plain subclass holding its own storage).
+_TORCH_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def _check_shareable(node: Node, found: list[torch.Tensor]) -> None:
+    """LeafError naming the first of ``found`` (``node``'s leaves) of a tensor subclass that runs torch's
+    operations itself (``__torch_dispatch__``: DTensor and other wrapper subclasses): its storage is not
+    its data, and torch's own ``share_memory_()`` of a DTensor crashes the process, so none is touched."""
+    for leaf in found:
+        cls = type(leaf)
+        if cls is not torch.Tensor and cls.__torch_dispatch__ is not _TORCH_DISPATCH:
+            key = next(k for k, v in walk(node, True, True) if v is leaf)
+            raise LeafError(
+                f"share_memory: leaf {key!r} is a {cls.__name__}, a tensor subclass that runs torch's "
+                "operations itself (__torch_dispatch__), whose data tdtree cannot put in shared memory: share "
+                "plain tensors (a DTensor's local shard is leaf.to_local())"
+            )
+
 
 def _shared_copy(leaf: torch.Tensor) -> torch.Tensor:
     # A CPU clone is moved into shared memory; a CUDA clone is already
     # shareable (share_memory_ is a no-op there and is_shared() is True).
-    copy = leaf.detach().clone().share_memory_()
+    copy = leaf.detach().clone()
+    if not copy.is_meta:  # a meta leaf holds no data: nothing to share (torch refuses to try)
+        copy.share_memory_()
     if isinstance(leaf, nn.Parameter):
         return nn.Parameter(copy, requires_grad=leaf.requires_grad)
     return copy.requires_grad_() if leaf.requires_grad else copy
@@ -52,10 +74,11 @@ def _shared_copy(leaf: torch.Tensor) -> torch.Tensor:
 
 def _sendable(leaf: torch.Tensor) -> bool:
     """Whether ``leaf`` can be handed to other processes as it is: no autograd history (torch refuses to
-    send a non-leaf that requires grad), and its data, if any, in torch's shared memory."""
+    send a non-leaf that requires grad), and its data, if any (a meta leaf has none), in torch's shared
+    memory."""
     if leaf.requires_grad and not leaf.is_leaf:
         return False
-    return storage_key(leaf) is None or in_shared_memory(leaf)
+    return leaf.is_meta or storage_key(leaf) is None or in_shared_memory(leaf)
 
 
 def _out_of_descriptors(err: RuntimeError, node: Node) -> SharedMemoryError | None:
@@ -103,6 +126,8 @@ def share_memory(node: Node) -> Any:
         or new copies of them in shared memory.
 
     Raises:
+        LeafError: a leaf is a tensor subclass that runs torch's operations itself
+            (``__torch_dispatch__``, e.g. a DTensor); nothing was copied.
         SharedMemoryError: the process ran out of file descriptors (torch's ``file_descriptor``
             strategy keeps one per shared leaf); nothing is returned or tagged, the copies made are freed.
 
@@ -114,7 +139,9 @@ def share_memory(node: Node) -> Any:
         >>> td.unlock().share_memory()["x"] is td["x"]  # already shared: nothing copied
         True
     """
-    if all(map(_sendable, leaves(node))):
+    found = leaves(node)
+    _check_shareable(node, found)
+    if all(map(_sendable, found)):
         return retag(node, _SHARED_LOCKED)
     try:
         copied = map_leaves(_shared_copy, node)

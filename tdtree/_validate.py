@@ -243,13 +243,30 @@ def construct(node: Node, source: Mapping[Any, Any] | None, batch_size: Any, dev
     if isinstance(source, Node):
         source = source._data
     size = as_batch_size(batch_size)
-    # as_device only for a device given (most nodes have none), and after nest() as errors are reported
-    if not source:  # nothing to check, nothing to sort
-        fill(node, {}, ((), size, device if device is None else as_device(device), NO_TAGS))
-        return
-    # _checked only reads the entries: the caller's mapping needs no copy
-    data, dev = _checked(node._root, nest(source, False), size, device if device is None else as_device(device), ())
+    # A source that is not a mapping fails in nest() or _checked (a list of pairs has no items(), a
+    # tensor no truth value): told apart there, after the fact, so that a mapping pays no test for it.
+    try:
+        # as_device only for a device given (most nodes have none), and after nest() as errors are reported
+        if not source:  # nothing to check, nothing to sort
+            if source is not None and type(source) is not dict and not isinstance(source, Mapping):
+                raise _not_a_mapping(source)
+            fill(node, {}, ((), size, device if device is None else as_device(device), NO_TAGS))
+            return
+        # _checked only reads the entries: the caller's mapping needs no copy
+        data, dev = _checked(node._root, nest(source, False), size, device if device is None else as_device(device), ())
+    except (AttributeError, TypeError, RuntimeError):
+        if not isinstance(source, Mapping):
+            raise _not_a_mapping(source) from None
+        raise
     fill(node, data, (tuple(data), size, dev, NO_TAGS))
+
+
+def _not_a_mapping(source: object) -> TypeError:
+    # tensordict refuses a source that is not a mapping too; dict(pairs) is the one spelling of pairs
+    return TypeError(
+        f"TensorDict(source): source is a {type(source).__name__}; it is a mapping of keys to tensors, nodes "
+        "or dicts, or a node (give (key, value) pairs as dict(pairs))"
+    )
 
 
 def build(

@@ -20,6 +20,7 @@ __all__ = [
     "KeyCollisionError",
     "KeyMismatchError",
     "KeyNotFoundError",
+    "LeafError",
     "LockedError",
     "MemmapError",
     "NotANodeKeyError",
@@ -76,6 +77,12 @@ class NotANodeKeyError(KeyNotFoundError):
 
 class BatchSizeError(ValueError):
     """A leaf's shape, or a nested node's batch size, does not start with the batch size."""
+
+
+class LeafError(TypeError):
+    """A leaf of a kind an operation cannot take: ``share_memory()`` raises it, before any leaf is
+    touched, for a leaf of a tensor subclass that runs torch's operations itself (``__torch_dispatch__``,
+    a DTensor), whose storage is not its data; the message names the key."""
 
 
 class KeyMismatchError(ValueError):
