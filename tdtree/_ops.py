@@ -221,7 +221,6 @@ sign = _unary("sign", torch._foreach_sign)
 
 
 @tag_rule
-@tag_rule
 def detach(node: NodeT) -> NodeT:
     """Every leaf detached from autograd (``Tensor.detach``), as ``td.detach()`` (tensordict's ``detach``).
 
@@ -240,6 +239,7 @@ def detach(node: NodeT) -> NodeT:
     return unflat(spec, [x.detach() for x in leaves])
 
 
+@tag_rule
 def clamp(node: NodeT, min: Any = None, max: Any = None) -> NodeT:  # noqa: A002
     """``torch.clamp(leaf, min, max)`` for every leaf.
 
