@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(PY) examples/train_functional.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests property_tests bench --benchmark-disable
+	$(PY) -m pytest -q tests property_tests bench --benchmark-disable --durations=20
 	$(PY) -m pytest -q --doctest-modules tdtree
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
