@@ -47,7 +47,7 @@ nitpick_ignore_regex = [
         r"(torch|optree|hypothesis|numpy|np|typing|typing_extensions|collections|enum|os|pathlib|datetime|types)(\..*)?",
     ),
 ]
-# private names the signatures show: the node base class and its type variable (read "a node"), the
+# private names the signatures show: the node base class and its type variables (read "a node"), the
 # `at` helper, a tensorclass's operations base, the distributed layout record
 nitpick_ignore = [
     ("py:class", name)
@@ -57,13 +57,14 @@ nitpick_ignore = [
         "tdtree._base.Node",
         "tdtree._base.NodeT",
         "tdtree._combine.T",
+        "tdtree._dataset.T",
         "tdtree._index.At",
         "tdtree._index.AtIndex",
         "tdtree._tensorclass._ops.RecordOps",
         "tdtree._tensorclass._ops.RecordAt",
         "tdtree.distributed._layout.Layout",
     )
-]
+] + [("py:obj", "tdtree._dataset.T")]  # the dataset's item type variable, as its Generic base shows it
 
 # the modules with a page: the list in api.rst
 API = {line.strip() for line in (ROOT / "docs" / "api.rst").read_text().splitlines() if line.startswith("   tdtree")}

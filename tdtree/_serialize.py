@@ -198,7 +198,7 @@ def save(node: Node, path: str | os.PathLike[str]) -> None:
 
     The file is written under a temporary name beside ``path`` (``.NAME.PID.XXXX.tmp``) and renamed
     over it; the temporary files that earlier saves to ``path`` left when their process was killed
-    are removed first (those of live processes are kept), as :func:`memmap` does for its directories.
+    are removed first (those of live processes are kept), as :meth:`~tdtree.TensorDict.memmap` does for its directories.
 
     Raises:
         TypeError: ``node`` is not a node.
