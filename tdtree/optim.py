@@ -31,28 +31,16 @@ import torch
 
 from ._base import Node
 from ._foreach import foreach
-from ._maps import flat, unflat
+from ._maps import flat_tree, unflat_tree
 from ._maps import leaves as node_leaves
 from ._optstate import AdamState
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
 from ._torch_private import is_compiling, transforms_active
-from .tree import flatten, leaves, unflatten
+from .tree import leaves
 from .tree import map as tree_map
 
 __all__ = ["AdamState", "adam", "adam_init", "adamw", "clip_grad_norm", "sgd"]
-
-
-# A node's leaves and structure come from a walk of its ``_data`` (``_maps``): optree calls back into
-# Python for every node of a tree; any other tree goes through optree.
-
-
-def _flatten(tree: Any) -> tuple[list[Any], Any]:
-    return flat(tree) if isinstance(tree, Node) else flatten(tree)
-
-
-def _unflatten(spec: Any, values: list[Any]) -> Any:
-    return unflat(spec, values) if isinstance(spec, Node) else unflatten(spec, values)
 
 
 def _leaves_like(ps: list[Any], tree: Any, what: str) -> list[Any]:
@@ -77,14 +65,14 @@ def _sgd(
     weight_decay: float,
 ) -> tuple[Any, Any]:
     # torch.optim.SGD's foreach order of operations (_multi_tensor_sgd), each result a new list
-    ps, spec = _flatten(params)
+    ps, spec = flat_tree(params)
     gs = _leaves_like(ps, grads, "grads")
     if not ps:  # torch._foreach_* refuse empty lists
-        return _unflatten(spec, []), None if momentum == 0.0 else _unflatten(spec, [])
+        return unflat_tree(spec, []), None if momentum == 0.0 else unflat_tree(spec, [])
     if weight_decay != 0.0:
         gs = foreach(torch._foreach_add)(gs, ps, alpha=weight_decay)
     if momentum == 0.0:
-        return _unflatten(spec, foreach(torch._foreach_add)(ps, gs, alpha=-lr)), None
+        return unflat_tree(spec, foreach(torch._foreach_add)(ps, gs, alpha=-lr)), None
     bs: Any
     if buf is None:
         # a copy, as torch.optim.SGD's first buffer is: the state must not be the caller's gradients
@@ -95,7 +83,7 @@ def _sgd(
         bs = foreach(torch._foreach_add_, fresh=True)(bs, gs, alpha=1 - dampening)
     # torch adds to the gradients in place here; a new list leaves the caller's untouched
     ds = foreach(torch._foreach_add)(gs, bs, alpha=momentum) if nesterov else bs
-    return _unflatten(spec, foreach(torch._foreach_add)(ps, ds, alpha=-lr)), _unflatten(spec, bs)
+    return unflat_tree(spec, foreach(torch._foreach_add)(ps, ds, alpha=-lr)), unflat_tree(spec, bs)
 
 
 @torch.no_grad()
@@ -240,18 +228,18 @@ def _adam(
     decoupled: bool,
 ) -> tuple[Any, Any, Any]:
     h = _Hyper(lr, beta1, beta2, eps, weight_decay, decoupled)
-    ps, spec = _flatten(params)
+    ps, spec = flat_tree(params)
     gs = _leaves_like(ps, grads, "grads")
     ms = _leaves_like(ps, exp_avg, "exp_avg")
     vs = _leaves_like(ps, exp_avg_sq, "exp_avg_sq")
     if not ps:  # torch._foreach_* refuse empty lists
-        return _unflatten(spec, []), _unflatten(spec, []), _unflatten(spec, [])
+        return unflat_tree(spec, []), unflat_tree(spec, []), unflat_tree(spec, [])
     out: tuple[Sequence[Any], Sequence[Any], Sequence[Any]]
     if transforms_active() or is_compiling():
         out = _adam_leafwise(ps, gs, ms, vs, step, h)
     else:
         out = _adam_foreach(ps, gs, ms, vs, step.item(), h)
-    return _unflatten(spec, list(out[0])), _unflatten(spec, list(out[1])), _unflatten(spec, list(out[2]))
+    return unflat_tree(spec, list(out[0])), unflat_tree(spec, list(out[1])), unflat_tree(spec, list(out[2]))
 
 
 @torch.no_grad()
@@ -332,9 +320,9 @@ def adamw(
 
 @tag_rule
 def _clip(grads: Any, max_norm: float, norm_type: float) -> tuple[Any, torch.Tensor]:
-    gs, spec = _flatten(grads)
+    gs, spec = flat_tree(grads)
     if not gs:
-        return _unflatten(spec, []), torch.tensor(0.0)
+        return unflat_tree(spec, []), torch.tensor(0.0)
     # torch.nn.utils.clip_grad_norm_'s arithmetic: the norm of the leaves' norms, then one factor
     if transforms_active():
         norms = [torch.linalg.vector_norm(g, norm_type) for g in gs]
@@ -343,7 +331,7 @@ def _clip(grads: Any, max_norm: float, norm_type: float) -> tuple[Any, torch.Ten
     first = gs[0].device
     total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    return _unflatten(spec, foreach(torch._foreach_mul)(gs, coef)), total
+    return unflat_tree(spec, foreach(torch._foreach_mul)(gs, coef)), total
 
 
 @torch.no_grad()
