@@ -33,6 +33,7 @@ from . import (
     _memmap,
     _ops,
     _records,
+    _scatter,
     _shape,
     _shared,
     _statedict,
@@ -469,22 +470,22 @@ class TensorDict(Node):
     split = _shape.split
     chunk = _shape.chunk
 
-    # -- indexing and scatter (_index.py) ------------------------------------------------
+    # -- indexing and scatter (_index.py, _scatter.py) ---------------------------------
 
     @property
-    def at(self) -> _index.At[TensorDict]:
+    def at(self) -> _scatter.At[TensorDict]:
         """Scatter by batch index, as ``td.at[idx].set(v)``, ``td.at[idx].set_(v)``, ``td.at[idx].get()``.
 
         ``set`` returns a new node with ``v`` written at ``idx`` (tags dropped; refused when
         Locked); ``set_`` writes in place and returns ``td`` (tags kept); ``get`` is ``td[idx]``.
-        See :class:`tdtree._index.AtIndex` for the arguments and errors.
+        See :class:`tdtree._scatter.AtIndex` for the arguments and errors.
 
         >>> import torch, tdtree as tt
         >>> td = tt.TensorDict({"x": torch.zeros(3)}, batch_size=[3])
         >>> td.at[1].set(5.0)["x"], td["x"]
         (tensor([0., 5., 0.]), tensor([0., 0., 0.]))
         """
-        return _index.At(self)
+        return _scatter.At(self)
 
     # -- combining, devices and memory (_combine.py, _device.py) ------------------------
 
