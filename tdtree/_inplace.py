@@ -1,4 +1,4 @@
-"""The in-place writers: ``update_``, ``copy_``, ``zero_``, ``fill_`` (and the checks of ``at[idx].set_``).
+"""The checks of the in-place writers (``_writers``: ``update_``, ``copy_``, ``zero_``, ``fill_``; ``_scatter``: ``at[idx].set_``).
 
 They are the only functions that change a node's storage contents, and they
 never change anything else: keys, shapes, dtypes and devices stay as they are.
@@ -37,27 +37,23 @@ import collections
 import math
 import operator
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-import optree
 import torch
 from torch import Tensor
 
-from ._base import Node, NodeT
+from ._base import Node
 from ._foreach import foreach
-from ._keys import NestedKey, as_path, display
-from ._lookup import MISSING, get, walk
-from ._pytree import NAMESPACE
+from ._keys import as_path, display
+from ._lookup import walk
 from ._torch_private import is_compiling, storage_id, storage_ids, transforms_active
-from ._validate import CPU, nest
-from .errors import KeyMismatchError, KeyNotFoundError, WriteError, WriteShapeError, WriteTypeError
+from .errors import WriteError, WriteShapeError, WriteTypeError
 
 __all__ = [
-    "update_",
-    "copy_",
-    "zero_",
-    "fill_",
+    "Writes",
+    "refused",
+    "math_bits",
     "cast",
     "checked",
     "check_number",
@@ -195,7 +191,7 @@ def targets_writable(dst: list[torch.Tensor], foreach: bool = True) -> bool:
 
     With ``foreach`` (the leaves are written by one ``torch._foreach_*`` call) a leaf
     requiring grad is not scanned for: that kernel checks it for every tensor before it
-    writes any (:func:`_refused` turns its refusal into WriteError), except inside a
+    writes any (:func:`refused` turns its refusal into WriteError), except inside a
     transform, where the map layer writes leaf by leaf.
     """
     if is_compiling():
@@ -219,7 +215,7 @@ _VERSION: Callable[[Tensor], int] = operator.attrgetter("_version")
 _deque = collections.deque
 
 
-def _refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -> None:
+def refused(op: str, node: Node, dst: list[torch.Tensor], fill: bool = False) -> None:
     """After a ``torch._foreach_*`` kernel over ``dst`` raised: WriteError naming the key when it
     refused a leaf requiring grad (a test it makes for every tensor before it writes any)."""
     if not is_compiling() and torch.is_grad_enabled() and any(map(_REQUIRES_GRAD, dst)):
@@ -236,7 +232,7 @@ def cast(value: Any, dtype: torch.dtype) -> Any:
     return value.to(dtype) if isinstance(value, torch.Tensor) and value.dtype != dtype else value
 
 
-def _math_bits(dst: list[torch.Tensor]) -> bool:
+def math_bits(dst: list[torch.Tensor]) -> bool:
     """After a ``torch._foreach_*`` kernel over ``dst`` raised: whether one of ``dst`` is a lazy
     conjugate or negative view (``torch.conj`` of a complex tensor, its ``.imag``).
 
@@ -361,7 +357,7 @@ def _where(op: str, path: tuple[str, ...]) -> str:
     return f"{op}: {display(path)!r}"
 
 
-class _Writes:
+class Writes:
     """The writes one call makes, gathered while checking: tensor values, then Python numbers.
 
     Leaves paired with a value by the inline fast test (see above) are checked for
@@ -400,8 +396,8 @@ class _Writes:
             try:
                 foreach(torch._foreach_copy_)(self.dst, src)
             except RuntimeError:
-                _refused(self.op, self.node, self.dst)
-                if not _math_bits(self.dst):
+                refused(self.op, self.node, self.dst)
+                if not math_bits(self.dst):
                     raise
                 for leaf, value in zip(self.dst, src):
                     leaf.copy_(cast(value, leaf.dtype))
@@ -440,205 +436,3 @@ def _aliased(values: list[torch.Tensor], targets: list[torch.Tensor]) -> tuple[b
     if known.isdisjoint(keys):
         return ()
     return tuple(key in known for key in keys)
-
-
-def _update_pairs(node: Node, source: Mapping[str, Any], prefix: tuple[str, ...], same: bool, out: _Writes) -> None:
-    data = node._data
-    add_dst, add_src = out.dst.append, out.src.append
-    # a node's device, when set, is every leaf's: on the CPU a value's is_cpu tells all (a mapping's values)
-    cpu = not same and node._meta[2] == CPU
-    for k, v in source.items():
-        current = data.get(k, MISSING)
-        if (
-            isinstance(v, Tensor)
-            and isinstance(current, Tensor)
-            and v.dtype == current.dtype
-            and v.shape == current.shape
-            and (same or (v.is_cpu if cpu else v.device == current.device))
-            and current.is_contiguous()
-        ):
-            add_dst(current)
-            add_src(v)
-            continue
-        path = (*prefix, k)
-        if current is MISSING:
-            raise KeyNotFoundError(display(path), [display((*prefix, j)) for j in data])
-        if isinstance(current, Node):
-            if isinstance(v, Node):
-                _update_pairs(current, v._data, path, same_device(current, v), out)
-            elif isinstance(v, Mapping):
-                _update_pairs(current, nest(v), path, False, out)
-            else:
-                raise WriteError(
-                    f"update_: {display(path)!r} is a node; give it a mapping or a node, not a {type(v).__name__}"
-                )
-        elif isinstance(v, (Node, Mapping)):
-            raise WriteError(
-                f"update_: {display(path)!r} is a tensor and the value is a {type(v).__name__}; in-place "
-                "writes never change the structure: use update() on an unlocked node"
-            )
-        else:
-            out.add(current, checked("update_", path, current, v))
-
-
-def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
-    """Write the values of ``other`` into the leaves at their keys, in place; works on Locked nodes.
-
-    Args:
-        node: the node written (``self`` as a method).
-        other: a node or mapping whose keys all exist in ``node`` (nested mappings and nodes
-            address sub-nodes); each value is a tensor broadcasting to its leaf's shape or a number.
-
-    Returns:
-        ``node`` itself (same object, tags kept).
-
-    Raises:
-        KeyNotFoundError: a key of ``other`` is not in the node.
-        WriteError: a value's dtype, device or shape does not fit its leaf, a value is a sparse,
-            nested, quantized or mkldnn tensor (``WriteTypeError``), a leaf cannot be written, or a
-            value would change the structure; nothing was written.
-
-    Example:
-        >>> import torch, tdtree as tt
-        >>> td = tt.TensorDict({"x": torch.zeros(2, 3)}, batch_size=[2]).lock()
-        >>> td.update_({"x": torch.ones(3)})["x"].sum().item()
-        6.0
-    """
-    source = other._data if isinstance(other, Node) else nest(other)
-    writes = _Writes("update_", node)
-    try:
-        _update_pairs(node, source, (), same_device(node, other), writes)
-    except RuntimeError:  # a strided nested value has no shape to compare
-        refuse_kinds("update_", _named(source, ()))
-        raise
-    writes.run()
-    return node
-
-
-def _named(source: Mapping[str, Any], prefix: tuple[str, ...]) -> Any:
-    """(path, value) of every value in ``source``, a nested mapping or node data, depth first."""
-    for k, v in source.items():
-        if isinstance(v, Node):
-            yield from _named(v._data, (*prefix, k))
-        elif isinstance(v, Mapping):
-            yield from _named(nest(v), (*prefix, k))
-        else:
-            yield (*prefix, k), v
-
-
-def _copy_pairs(node: Node, other: Node, prefix: tuple[str, ...], same: bool, out: _Writes) -> None:
-    if node._meta[0] != other._meta[0]:
-        raise KeyMismatchError(
-            "copy_" if not prefix else f"copy_ at {display(prefix)!r}",
-            [display((*prefix, k)) for k in node._meta[0]],
-            [display((*prefix, k)) for k in other._meta[0]],
-        )
-    add_dst, add_src = out.dst.append, out.src.append
-    # equal keys, both in canonical order: the values pair up in order
-    for k, leaf, value in zip(node._meta[0], node._data.values(), other._data.values()):
-        if (
-            isinstance(value, Tensor)
-            and isinstance(leaf, Tensor)
-            and value.dtype == leaf.dtype
-            and value.shape == leaf.shape
-            and (same or value.device == leaf.device)
-            and leaf.is_contiguous()
-        ):
-            add_dst(leaf)
-            add_src(value)
-            continue
-        path = (*prefix, k)
-        if isinstance(leaf, Node) and isinstance(value, Node):
-            _copy_pairs(leaf, value, path, same_device(leaf, value), out)
-        elif isinstance(leaf, Node) or isinstance(value, Node):
-            kinds = ("a node", "a tensor") if isinstance(leaf, Node) else ("a tensor", "a node")
-            raise WriteError(f"copy_: {display(path)!r} is {kinds[0]} here and {kinds[1]} in the source")
-        else:
-            out.add(leaf, checked("copy_", path, leaf, value, exact_shape=True))
-
-
-def copy_(node: NodeT, other: Node) -> NodeT:
-    """Write every leaf of ``other`` into the leaf at the same key, in place; works on Locked nodes.
-
-    Args:
-        node: the node written (``self`` as a method).
-        other: a node with the same keys (at every level) whose leaves have the same shapes and
-            devices and dtypes that cast to the leaves' (``torch.can_cast``).
-
-    Returns:
-        ``node`` itself (same object, tags kept).
-
-    Raises:
-        TypeError: ``other`` is not a node.
-        KeyMismatchError: the key sets differ (the message lists the differences).
-        WriteError: a leaf's shape, dtype or device differs, or a leaf cannot be written; nothing was written.
-    """
-    if not isinstance(other, Node):
-        raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
-    writes = _Writes("copy_", node)
-    _copy_pairs(node, other, (), same_device(node, other), writes)
-    writes.run()
-    return node
-
-
-def zero_(node: NodeT) -> NodeT:
-    """Set every leaf to zero in place; works on Locked nodes.
-
-    Args:
-        node: the node written (``self`` as a method).
-
-    Returns:
-        ``node`` itself (same object, tags kept).
-
-    Raises:
-        WriteError: a leaf cannot be written (see the module docstring); nothing was written.
-    """
-    # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
-    # which mypy reads as a class that no actual tree (tuple, node) is an instance of
-    leaves: list[torch.Tensor] = optree.tree_leaves(node, namespace=NAMESPACE)  # type: ignore[arg-type]
-    if leaves:
-        if not targets_writable(leaves):
-            each_writable("zero_", node, leaves, fill=True)
-        try:
-            foreach(torch._foreach_zero_)(leaves)
-        except RuntimeError:
-            _refused("zero_", node, leaves, fill=True)
-            if not _math_bits(leaves):
-                raise
-            for leaf in leaves:
-                leaf.zero_()
-    return node
-
-
-def fill_(node: NodeT, key: NestedKey, value: Any) -> NodeT:
-    """Fill the leaf at ``key`` (every leaf below it, for a sub-node) with ``value``, in place.
-
-    Args:
-        node: the node written (``self`` as a method); Locked nodes are accepted.
-        key: a str or tuple of str naming a leaf or a sub-node.
-        value: a Python number or a 0-dim tensor that fits the leaves' dtype and device.
-
-    Returns:
-        ``node`` itself (same object, tags kept).
-
-    Raises:
-        KeyNotFoundError: ``key`` is not in the node.
-        TypeError: ``key`` is not a str or tuple of str.
-        WriteError: ``value`` does not fit a leaf's dtype or device, is not 0-dim, or a leaf
-            cannot be written; nothing was written.
-    """
-    path = as_path(key)
-    target = get(node, path)
-    if isinstance(value, torch.Tensor) and value.dim() != 0:
-        raise WriteError(
-            f"fill_: {display(path)!r}: the value has shape {tuple(value.shape)}; fill_ takes a number or a "
-            "0-dim tensor (use update_ to write a tensor)"
-        )
-    if not isinstance(target, Node):
-        target.fill_(checked("fill_", path, target, value, fill=True))
-        return node
-    named = [((*path, *as_path(k)), t) for k, t in walk(target, True, True)]
-    values = [(leaf, checked("fill_", p, leaf, value, fill=True)) for p, leaf in named]
-    for leaf, v in values:
-        leaf.fill_(v)
-    return node

@@ -26,7 +26,6 @@ from . import (
     _combine,
     _device,
     _index,
-    _inplace,
     _keyops,
     _lookup,
     _maps,
@@ -37,6 +36,7 @@ from . import (
     _shape,
     _shared,
     _statedict,
+    _writers,
 )
 from ._base import Node
 from ._dataset import TensorDictDataset, not_a_dataset
@@ -538,12 +538,12 @@ class TensorDict(Node):
         """``to(torch.bool)``: a new node, or the same leaves (tags kept) when already so."""
         return _device.to(self, torch.bool)
 
-    # -- in-place writers and shared memory (_inplace.py, _shared.py) -------------------
+    # -- in-place writers and shared memory (_writers.py, _shared.py) -------------------
 
-    update_ = _inplace.update_
-    copy_ = _inplace.copy_
-    zero_ = _inplace.zero_
-    fill_ = _inplace.fill_
+    update_ = _writers.update_
+    copy_ = _writers.copy_
+    zero_ = _writers.zero_
+    fill_ = _writers.fill_
     # torch's Stateful protocol (torch.distributed.checkpoint)
     state_dict = _statedict.state_dict
     load_state_dict = _statedict.load_state_dict

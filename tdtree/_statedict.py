@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._base import Node, NodeT
-from ._inplace import update_
 from ._keys import display
 from ._lookup import to_dict
 from ._validate import nest
+from ._writers import update_
 from .errors import KeyMismatchError
 
 __all__ = ["state_dict", "load_state_dict"]
