@@ -235,7 +235,8 @@ def _adam(
     if not ps:  # torch._foreach_* refuse empty lists
         return unflat_tree(spec, []), unflat_tree(spec, []), unflat_tree(spec, [])
     out: tuple[Sequence[Any], Sequence[Any], Sequence[Any]]
-    if transforms_active() or is_compiling():
+    # a meta step count has no value to read: the leafwise step keeps it a tensor, as for meta leaves
+    if transforms_active() or is_compiling() or step.is_meta:
         out = _adam_leafwise(ps, gs, ms, vs, step, h)
     else:
         out = _adam_foreach(ps, gs, ms, vs, step.item(), h)
@@ -267,7 +268,8 @@ def adam(
     arithmetic with the same Python floats, so it equals ``torch.optim.Adam`` (foreach or
     for-loop: on the CPU they agree bitwise) to the bit. Inside ``vmap`` / ``grad`` and under
     ``torch.compile`` the bias corrections are float64 tensors of the step instead (no
-    ``.item()``, no graph break), equal to eager up to the rounding of a float64 ``pow``.
+    ``.item()``, no graph break), equal to eager up to the rounding of a float64 ``pow``; so
+    is a step whose count is a meta tensor (a state for meta parameters), which has no value to read.
 
     Returns:
         New parameters and the new :class:`AdamState` (its step one more). Results hold new
