@@ -313,7 +313,6 @@ class TensordictImpl(Impl):
         return functools.partial(td.empty, recurse=recurse)
 
 
-
 class PytreeImpl(Impl):
     """Plain nested dicts with optree: the floor a node's own traversal is held to.
 

@@ -187,7 +187,9 @@ def test_sweep_batch(benchmark, impl: Impl, op: str, rows: int) -> None:
         expected = torch.stack([source["next"]["obs"]] * 2)
     else:
         impl.require("td[idx]")
-        index = torch.randperm(rows, generator=torch.Generator().manual_seed(0)) if op == "index" else slice(None, None, 2)
+        index = (
+            torch.randperm(rows, generator=torch.Generator().manual_seed(0)) if op == "index" else slice(None, None, 2)
+        )
         out = benchmark(impl.getitem(td, index))
         expected = _take(source["next"]["obs"], index)
     assert torch.equal(impl.get(out, ("next", "obs"))(), expected)
