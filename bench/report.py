@@ -282,7 +282,8 @@ def sweep_table(sweeps: growth.Sweeps, units: dict[str, str]) -> str:
     for (family, op), points in sweeps.items():
         fits = {impl: growth.fit(points[impl]) for impl in SWEEP_IMPLS if impl in points}
         sizes = sorted({size for impl_points in points.values() for size in impl_points})
-        span = f"{sizes[0]:,}–{sizes[-1]:,} {units[family]}s"
+        unit = units[family]
+        span = f"{sizes[0]:,}–{sizes[-1]:,} " + ("leaves" if unit == "leaf" else f"{unit}s")
         exps = [f"{fits[impl].exponent:.2f}" if impl in fits else DASH for impl in SWEEP_IMPLS]
         per_unit = [_per_unit_cell(fits.get(impl), units[family], sizes[-1]) for impl in SWEEP_IMPLS]
         ratios = [_ratio_cell(points, "tensordict"), _ratio_cell(points, "pytree")]

@@ -302,12 +302,13 @@ def test_sweep_table_fits_exponents_and_costs_per_unit(with_sweeps: Path) -> Non
     table = report.sweep_table(sweeps, units)
     width = SWEEP_DATA["width", "clone", "leaf"]
     cells = _cells(table, "width", "clone")
-    assert cells[2] == "1–1,000 leafs"
+    assert cells[2] == "1–1,000 leaves"
     assert cells[3:6] == [f"{_slope(width[impl]):.2f}" for impl in ("tdtree", "tensordict", "pytree")]
     # per leaf at 1,000: 80 µs, 400 µs and 64 µs over 1,000 leaves; tt/td 80/400, tt/floor 80/64
     assert cells[6:9] == ["80 ns/leaf", "400 ns/leaf", "64 ns/leaf"]
     assert cells[9:] == ["0.20", "1.25"]
     cells = _cells(table, "depth", "create")
+    assert cells[2] == "1–64 levels"
     assert cells[3:6] == ["1.00", "1.00", "1.00"]
     # tensordict's deepest row is 16: its cost per level there, and tt/td at 16 (16 µs / 32 µs)
     assert cells[6:9] == ["1 μs/level", "2 μs/level (at 16)", "500 ns/level"]
