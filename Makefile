@@ -6,7 +6,8 @@
 # make docs: the HTML reference (Sphinx: the docstrings, README.md, ARCHITECTURE.md) in docs/_build/html;
 #   make test builds it too, warnings (broken cross-references included) as errors.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
-#   (python -m bench.report prints their summary, --table every case, --plot FILE.svg a chart;
+#   (python -m bench.report prints their summary and the size sweeps' growth, --table every case,
+#   --plot FILE.svg a chart;
 #   python -m bench.compare REF compares with a git ref).
 # make bench-quick: a representative subset (cases marked quick), under 2 minutes.
 VENV ?= .venv

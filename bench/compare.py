@@ -18,6 +18,14 @@ runs' medians). A change counts, and is shown in bold with "faster" or
 * the two sides' interquartile ranges, each the union over its runs of
   [q1, q3] of one run, do not overlap (so the two distributions are apart,
   not just their means).
+
+A side's failures do not stop the comparison: the suite runs with
+``--continue-on-collection-errors``, so a bench file that cannot be imported
+at BASE_REF (it uses a module the base does not have) loses its own cases
+only. The table compares the cases both sides ran; a case one side lacks is
+listed with a dash and counted under the table, and each side's failures
+(files that did not import, cases that failed) are listed after it, by side.
+The exit status is 1 when no case ran on both sides.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,19 +59,63 @@ def _git(*args: str, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _run(tree: Path, out: Path, extra: list[str]) -> dict[str, dict[str, Any]]:
-    """{case: stats} of tdtree on the library in ``tree``."""
+def _collection_reasons(output: str) -> dict[str, str]:
+    """{file: the last ``E`` line of its "ERROR collecting" block}: the exception that stopped its import
+    (pytest's summary line for a collection error names the file alone)."""
+    reasons: dict[str, str] = {}
+    current = None
+    for line in output.splitlines():
+        header = re.fullmatch(r"_+ ERROR collecting (\S+) _+", line)
+        if header or line.startswith(("___", "===")):
+            current = header.group(1) if header else None
+        elif current is not None and line.startswith("E   "):
+            reasons[current] = line[1:].strip()
+    return reasons
+
+
+def problems(returncode: int, output: str) -> list[str]:
+    """What went wrong in one pytest run, from its exit status and output (``-rfE``'s summary lines:
+    a bench file that failed to import, a case that failed or errored)."""
+    reasons = _collection_reasons(output)
+    found = []
+    for line in output.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            path = line.split()[1]
+            found.append(f"{line} - {reasons[path]}" if " - " not in line and path in reasons else line)
+    if returncode == 5:
+        found.append("no bench case was collected (exit 5)")
+    elif returncode not in (0, 1) or (returncode == 1 and not found):
+        last = next((line for line in reversed(output.splitlines()) if line.strip()), "no output")
+        found.append(f"pytest exited with status {returncode}: {last}")
+    return found
+
+
+def _run(tree: Path, out: Path, extra: list[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """({case: stats} of tdtree on the library in ``tree``, what went wrong in the run)."""
     # the installed tdtree's plugins (tdtree.testing's pytest fixtures and hypothesis strategies) may
     # not exist at the base ref, and the bench uses none of them
     env = {**os.environ, "PYTHONPATH": str(tree), "HYPOTHESIS_NO_PLUGINS": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "bench", "--impls=tdtree", *BENCH_ARGS]
-    cmd += [f"--benchmark-json={out}", "-p", "no:cacheprovider", "-p", "no:tdtree", *extra]
+    cmd += [f"--benchmark-json={out}", "-p", "no:cacheprovider", "-p", "no:tdtree"]
+    cmd += ["--continue-on-collection-errors", "-rfE", *extra]
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-    if proc.returncode not in (0, 5):  # 5: nothing collected (a -k that matches no case)
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-        raise SystemExit(f"the bench suite failed in {tree} (exit {proc.returncode})")
     data = json.loads(out.read_text()) if out.exists() else {"benchmarks": []}
-    return {b["extra_info"].get("case", b["name"]): b["stats"] for b in data["benchmarks"]}
+    cases = {b["extra_info"].get("case", b["name"]): b["stats"] for b in data["benchmarks"]}
+    return cases, problems(proc.returncode, proc.stdout + proc.stderr)
+
+
+def diagnosis(side: str, runs: list[dict[str, dict[str, Any]]], found: list[str]) -> str:
+    """What went wrong on one side (``side`` names it), or "" when nothing did."""
+    lines = [] if any(runs) else [f"{side} ran no bench case."]
+    if found:
+        lines.append(f"{side}: {len(found)} problems (pytest's summary lines):")
+        lines += [f"  {line}" for line in found]
+    return "\n".join(lines)
+
+
+def _only(cases: list[str], side: str) -> str:
+    names = ", ".join(f"`{case}`" for case in cases[:10]) + (", ..." if len(cases) > 10 else "")
+    return f"{len(cases)} cases ran only on {side}: {names}" if cases else ""
 
 
 def _side(runs: list[dict[str, dict[str, Any]]], case: str) -> dict[str, float] | None:
@@ -92,6 +145,8 @@ def table(base_ref: str, heads: list[dict[str, dict[str, Any]]], bases: list[dic
         "|---|---|---|---|---|---|",
     ]
     cases = list(dict.fromkeys(case for run in (*heads, *bases) for case in run))
+    head_only = [case for case in cases if not any(case in run for run in bases)]
+    base_only = [case for case in cases if not any(case in run for run in heads)]
     ratios: list[float] = []
     faster = slower = 0
     for case in cases:
@@ -116,6 +171,7 @@ def table(base_ref: str, heads: list[dict[str, dict[str, Any]]], bases: list[dic
         f"Geometric-mean ratio of ops, working tree / {base_ref}: {geomean(ratios):.3f}"
         + ("" if ratios else " (no case ran on both sides)"),
     ]
+    lines += [line for line in (_only(head_only, "the working tree"), _only(base_only, base_ref)) if line]
     return "\n".join(lines)
 
 
@@ -134,16 +190,26 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(root / "bench", base_tree / "bench", ignore=shutil.ignore_patterns("results", "__pycache__"))
         heads: list[dict[str, dict[str, Any]]] = []
         bases: list[dict[str, dict[str, Any]]] = []
+        found: dict[str, dict[str, None]] = {"base": {}, "head": {}}  # each side's problems, once each
         for i in range(args.runs):
-            print(f"run {i + 1}/{args.runs}: {args.base_ref} ...", file=sys.stderr)
-            bases.append(_run(base_tree, tmp / f"base-{i}.json", extra))
-            print(f"run {i + 1}/{args.runs}: working tree ...", file=sys.stderr)
-            heads.append(_run(root, tmp / f"head-{i}.json", extra))
+            for side, tree, runs in (("base", base_tree, bases), ("head", root, heads)):
+                print(
+                    f"run {i + 1}/{args.runs}: {args.base_ref if side == 'base' else 'working tree'} ...",
+                    file=sys.stderr,
+                )
+                cases, side_problems = _run(tree, tmp / f"{side}-{i}.json", extra)
+                runs.append(cases)
+                found[side].update(dict.fromkeys(side_problems))
     finally:
         _git("worktree", "remove", "--force", str(base_tree), cwd=root)
         shutil.rmtree(tmp, ignore_errors=True)
     print(table(args.base_ref, heads, bases))
-    return 0
+    for side, runs, label in (("base", bases, f"{args.base_ref} (the base)"), ("head", heads, "the working tree")):
+        text = diagnosis(label, runs, list(found[side]))
+        if text:
+            print("\n" + text)
+    both = {case for run in heads for case in run} & {case for run in bases for case in run}
+    return 0 if both else 1
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 A case takes the ``impl`` fixture and is run for ``tdtree`` and ``tensordict``;
 cases marked ``pytree`` also run on plain dicts with optree, and cases marked
-``no_tensordict`` (an operation tensordict lacks) have no tensordict row. ``--impls`` narrows
-the set (``bench.compare`` runs tdtree alone). Each result carries
+``no_tensordict`` (an operation tensordict lacks) have no tensordict row; a parameter marked
+``no_tensordict`` (a size tensordict cannot reach) drops the tensordict row of that parameter
+alone. ``--impls`` narrows the set (``bench.compare`` runs tdtree alone). Each result carries
 ``extra_info = {"case": ..., "impl": ...}`` and the case as its group, so the
 report and the terminal table put the implementations of one case together.
 
@@ -14,6 +15,10 @@ by default ``inductor`` when timing and ``eager`` under ``--benchmark-disable``:
 (dynamo's part); inductor's code generation costs seconds per graph on two
 cores, and even aot_eager doubles the cost of the tracing. tests/test_compile_*
 check tdtree's graphs through aot_eager.
+
+Cases marked ``bench_only`` (the largest sizes of the sweeps, bench/test_sweeps.py) are
+deselected under ``--benchmark-disable``: ``make test`` runs every other case once, ``make bench``
+runs them all.
 
 Bench cases run with ``--torch-threads`` intra-op threads (default 1, restored
 after each case). The suite times what a library adds around torch's kernels;
@@ -58,8 +63,28 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pytree: the case also runs on plain dicts with optree")
     config.addinivalue_line("markers", "quick: part of the representative subset run by make bench-quick")
     config.addinivalue_line(
-        "markers", "no_tensordict: tensordict has no counterpart, so the case has no tensordict row"
+        "markers",
+        "no_tensordict: tensordict has no counterpart, so the case (or the parameter marked) has no tensordict row",
     )
+    config.addinivalue_line("markers", "sweep: a size sweep, reported as growth exponents by bench.report")
+    config.addinivalue_line("markers", "bench_only: too costly to run once under --benchmark-disable (make test)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tensordict rows of parameters marked ``no_tensordict`` and, under
+    ``--benchmark-disable``, the cases marked ``bench_only`` (see the module doc)."""
+    disabled = config.getoption("benchmark_disable")
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        impl_name = None if callspec is None else callspec.params.get("impl_name")
+        dropped = (impl_name == "tensordict" and item.get_closest_marker("no_tensordict") is not None) or (
+            disabled and item.get_closest_marker("bench_only") is not None
+        )
+        (drop if dropped else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -19,12 +19,16 @@ import functools
 import importlib.util
 import operator
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import optree
 import torch
+import torch.utils._pytree
 
 import tdtree
+
+from . import plain
 
 try:
     import tensordict
@@ -156,6 +160,30 @@ class Impl:
     def unlock(self, td: Any) -> Any:
         return td.unlock()
 
+    def locked(self, td: Any) -> Thunk:
+        """A locked node with ``td``'s leaves, ``td`` unchanged."""
+        return td.lock
+
+    def tree_flatten(self, td: Any) -> Thunk:
+        """The leaves and structure, by the pytree registry the implementation's users flatten with."""
+        raise NotImplementedError
+
+    def memmap_write(self, td: Any, path: Path) -> Thunk:
+        """Write ``td`` as a memory-mapped directory at ``path``, again at each call."""
+        return functools.partial(td.memmap, path)
+
+    def memmap_read(self, path: Path, like: Any) -> Thunk:
+        """Map the directory :meth:`memmap_write` wrote from ``like`` and read it into memory."""
+        raise NotImplementedError
+
+    def save(self, td: Any, path: Path) -> Thunk:
+        """Write ``td`` to the one file ``path``."""
+        return functools.partial(torch.save, td, path)
+
+    def load(self, path: Path) -> Thunk:
+        """Read back the file :meth:`save` wrote."""
+        raise NotImplementedError
+
     def empty(self, td: Any, recurse: bool) -> Thunk:
         raise NotImplementedError
 
@@ -187,6 +215,23 @@ class TdtreeImpl(Impl):
 
     def cat(self, tds: list[Any], dim: int) -> Thunk:
         return functools.partial(tdtree.cat, tds, dim)  # type: ignore[attr-defined]
+
+    def tree_flatten(self, td: Any) -> Thunk:
+        return functools.partial(tdtree.tree.flatten, td)
+
+    def memmap_write(self, td: Any, path: Path) -> Thunk:
+        """``memmap(path, existsok=True)``: the directory is written aside and renamed in."""
+        return functools.partial(td.memmap, path, existsok=True)
+
+    def memmap_read(self, path: Path, like: Any) -> Thunk:
+        return lambda: tdtree.load_memmap(path).clone()
+
+    def save(self, td: Any, path: Path) -> Thunk:
+        return functools.partial(tdtree.save, td, path)
+
+    def load(self, path: Path) -> Thunk:
+        """``tdtree.load``: tensors and plain data only, as ``torch.load(weights_only=True)``."""
+        return functools.partial(tdtree.load, path)
 
     def empty(self, td: Any, recurse: bool) -> Thunk:
         """tdtree has no ``empty``: ``select()`` is the empty node, and excluding
@@ -246,127 +291,26 @@ class TensordictImpl(Impl):
     def lock(self, td: Any) -> Any:
         return td.lock_()
 
+    def locked(self, td: Any) -> Thunk:
+        return lambda: td.clone(False).lock_()
+
+    def tree_flatten(self, td: Any) -> Thunk:
+        """torch's pytree registry: tensordict registers its nodes there, not with optree."""
+        return functools.partial(torch.utils._pytree.tree_flatten, td)
+
+    def memmap_read(self, path: Path, like: Any) -> Thunk:
+        assert tensordict is not None
+        return lambda: tensordict.TensorDict.load_memmap(path).clone()
+
+    def load(self, path: Path) -> Thunk:
+        """``torch.load`` of the pickled TensorDict (``weights_only=False``: it is not plain data)."""
+        return functools.partial(torch.load, path, weights_only=False)
+
     def unlock(self, td: Any) -> Any:
         return td.unlock_()
 
     def empty(self, td: Any, recurse: bool) -> Thunk:
         return functools.partial(td.empty, recurse=recurse)
-
-
-def _get_path(tree: dict[str, Any], key: Any) -> Any:
-    if type(key) is str:
-        return tree[key]
-    for part in key:
-        tree = tree[part]
-    return tree
-
-
-def _walk(tree: dict[str, Any], prefix: tuple[str, ...], leaves: bool, paths: list[Any], values: list[Any]) -> None:
-    """Append the path and value of every entry (``leaves``: of every leaf only), depth first."""
-    for key, value in tree.items():
-        path = (*prefix, key)
-        if type(value) is dict:
-            if not leaves:
-                paths.append(path)
-                values.append(value)
-            _walk(value, path, leaves, paths, values)
-        else:
-            paths.append(path)
-            values.append(value)
-
-
-def _nested_entries(tree: dict[str, Any], leaves: bool) -> tuple[list[Any], list[Any]]:
-    """The nested keys and values: a plain recursive walk, which is faster than optree's
-    ``tree_paths`` / ``tree_leaves`` on these trees (the floor is the fastest plain-dict spelling)."""
-    paths: list[Any] = []
-    values: list[Any] = []
-    _walk(tree, (), leaves, paths, values)
-    return paths, values
-
-
-def _has_leaf(tree: dict[str, Any], key: Any) -> bool:
-    return _has_path(tree, key) and type(_get_path(tree, key)) is not dict
-
-
-def _has_path(tree: dict[str, Any], key: Any) -> bool:
-    for part in (key,) if type(key) is str else key:
-        if type(tree) is not dict or part not in tree:
-            return False
-        tree = tree[part]
-    return True
-
-
-def _set_path(tree: dict[str, Any], key: Any, value: Any) -> dict[str, Any]:
-    """``tree`` with ``value`` at ``key``: the dicts along the path are copied, the rest shared."""
-    if type(key) is str:
-        return {**tree, key: value}
-    head, rest = key[0], key[1:]
-    if not rest:
-        return {**tree, head: value}
-    return {**tree, head: _set_path(tree.get(head, {}), rest, value)}
-
-
-def _drop_path(tree: dict[str, Any], key: Any) -> dict[str, Any]:
-    """``tree`` without the entry at ``key`` (copied along the path), unchanged when it is missing."""
-    if type(key) is str:
-        key = (key,)
-    head, rest = key[0], key[1:]
-    if head not in tree:
-        return tree
-    if not rest:
-        return {k: v for k, v in tree.items() if k != head}
-    return {**tree, head: _drop_path(tree[head], rest)}
-
-
-def _merge(tree: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """``tree`` updated from ``other``, nested dicts merged."""
-    out = dict(tree)
-    for key, value in other.items():
-        mine = out.get(key)
-        out[key] = _merge(mine, value) if type(value) is dict and type(mine) is dict else value
-    return out
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
-    out = {} if out is None else out
-    for key, value in tree.items():
-        if type(value) is dict:
-            _flatten(value, f"{prefix}{key}.", out)
-        else:
-            out[prefix + key] = value
-    return out
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        *parents, last = key.split(".")
-        level = out
-        for part in parents:
-            level = level.setdefault(part, {})
-        level[last] = value
-    return out
-
-
-def _select(tree: dict[str, Any], keys: tuple[Any, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in keys:
-        path = (key,) if type(key) is str else key
-        out = _set_path(out, path, _get_path(tree, path))
-    return out
-
-
-def _shared_copy(leaf: torch.Tensor) -> torch.Tensor:
-    return leaf.clone().share_memory_()
-
-
-def _scatter_leaf(index: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    def scatter(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = x.clone()
-        out[index] = v
-        return out
-
-    return scatter
 
 
 class PytreeImpl(Impl):
@@ -379,39 +323,39 @@ class PytreeImpl(Impl):
     name = "pytree"
 
     def node(self, source: Mapping[str, Any], batch_size: tuple[int, ...]) -> Any:
-        return _nested_dict(source)
+        return plain.nested_dict(source)
 
     def keys(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
         if nested:
-            return lambda: _nested_entries(td, leaves)[0]
+            return lambda: plain.nested_entries(td, leaves)[0]
         return lambda: list(td.keys())
 
     def values(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
         if nested:
-            return lambda: _nested_entries(td, leaves)[1]
+            return lambda: plain.nested_entries(td, leaves)[1]
         return lambda: list(td.values())
 
     def items(self, td: Any, nested: bool = False, leaves: bool = False) -> Thunk:
         if nested:
-            return lambda: list(zip(*_nested_entries(td, leaves)))
+            return lambda: list(zip(*plain.nested_entries(td, leaves)))
         return lambda: list(td.items())
 
     def contains(self, td: Any, key: Any, nested: bool = False, leaves: bool = False) -> Thunk:
         # a path into the dicts: any entry is a nested key, a leaf is a nested leaf key
         if nested:
-            return functools.partial(_has_leaf if leaves else _has_path, td, key)
+            return functools.partial(plain.has_leaf if leaves else plain.has_path, td, key)
         return lambda: key in td.keys()
 
     def get(self, td: Any, key: Any) -> Thunk:
-        return functools.partial(_get_path, td, key)
+        return functools.partial(plain.get_path, td, key)
 
     def getitem(self, td: Any, index: Any) -> Thunk:
         if type(index) is str or (type(index) is tuple and index and type(index[0]) is str):
-            return functools.partial(_get_path, td, index)
+            return functools.partial(plain.get_path, td, index)
         return functools.partial(optree.tree_map, lambda x: x[index], td)
 
     def method(self, td: Any, name: str, *args: Any, **kwargs: Any) -> Thunk:
-        fn = _LEAF_METHODS[name](*args, **kwargs)
+        fn = plain.LEAF_METHODS[name](*args, **kwargs)
         return functools.partial(optree.tree_map, fn, td)
 
     def add(self, td: Any, other: Any) -> Thunk:
@@ -434,86 +378,67 @@ class PytreeImpl(Impl):
     def update(self, td: Any, other: Any) -> Thunk:
         # the fastest plain-dict code for the data: ``|`` when no entry is nested, else a merge
         if any(type(v) is dict for v in other.values()):
-            return functools.partial(_merge, td, other)
+            return functools.partial(plain.merge, td, other)
         return functools.partial(operator.or_, td, other)
 
     def scatter(self, td: Any, index: Any, value: Any) -> Thunk:
-        return functools.partial(optree.tree_map, _scatter_leaf(index), td, value)
+        return functools.partial(optree.tree_map, plain.scatter_leaf(index), td, value)
 
     def share(self, td: Any) -> Thunk:
-        return functools.partial(optree.tree_map, _shared_copy, td)
+        return functools.partial(optree.tree_map, plain.shared_copy, td)
 
     # Key operations on plain dicts: the dicts along a path are copied and the rest is shared, as a
     # node's are; nothing is validated.
     def set(self, td: Any, key: Any, value: torch.Tensor) -> Thunk:
-        return functools.partial(_set_path, td, key, value)
+        return functools.partial(plain.set_path, td, key, value)
 
     def set_select(self, td: Any, key: Any, value: torch.Tensor, *keys: Any) -> Thunk:
         def run() -> Any:
-            out = _set_path(td, key, value)
-            return _select(out, tuple(k for k in keys if _has_path(out, k)))
+            out = plain.set_path(td, key, value)
+            return plain.select(out, tuple(k for k in keys if plain.has_path(out, k)))
 
         return run
 
     def select(self, td: Any, *keys: Any) -> Thunk:
-        return functools.partial(_select, td, keys)
+        return functools.partial(plain.select, td, keys)
 
     def exclude(self, td: Any, *keys: Any) -> Thunk:
         def run() -> Any:
             out = td
             for key in keys:
-                out = _drop_path(out, key)
+                out = plain.drop_path(out, key)
             return out
 
         return run
 
     def flatten_keys(self, td: Any) -> Thunk:
-        return functools.partial(_flatten, td)
+        return functools.partial(plain.flatten_keys, td)
 
     def unflatten_keys(self, td: Any) -> Thunk:
-        return functools.partial(_unflatten, td)
+        return functools.partial(plain.unflatten_keys, td)
 
     def rename(self, td: Any, old: Any, new: Any) -> Thunk:
-        return lambda: _set_path(_drop_path(td, old), new, _get_path(td, old))
+        return lambda: plain.set_path(plain.drop_path(td, old), new, plain.get_path(td, old))
 
+    # A dict has no lock: an operation on a locked node is held to the same operation on the dicts,
+    # and locking itself to a copy of the dicts (a node's lock returns a new node).
+    def lock(self, td: Any) -> Any:
+        return td
 
-def _permute(*dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: x.permute(*dims, *range(len(dims), x.dim()))
+    def locked(self, td: Any) -> Thunk:
+        return functools.partial(plain.nested_dict, td)
 
+    def tree_flatten(self, td: Any) -> Thunk:
+        return functools.partial(optree.tree_flatten, td)
 
-def _reshape(*shape: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    # (3, 4) batch dims become ``shape``; the feature dims follow
-    return lambda x: x.reshape(*shape, *x.shape[2:])
+    def memmap_write(self, td: Any, path: Path) -> Thunk:
+        return functools.partial(plain.write_files, td, path)
 
+    def memmap_read(self, path: Path, like: Any) -> Thunk:
+        return functools.partial(plain.read_files, path, like)
 
-def _view(*shape: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: x.view(*shape, *x.shape[2:])
-
-
-# How the pytree impl maps a node method to a per-leaf function (batch dims lead).
-_LEAF_METHODS: dict[str, Callable[..., Callable[[torch.Tensor], Any]]] = {
-    "apply": lambda fn: fn,
-    "unbind": lambda dim: lambda x: x.unbind(dim),
-    "split": lambda size, dim=0: lambda x: x.split(size, dim),
-    "chunk": lambda chunks, dim=0: lambda x: x.chunk(chunks, dim),
-    "permute": _permute,
-    "squeeze": lambda dim: lambda x: x.squeeze(dim),
-    "unsqueeze": lambda dim: lambda x: x.unsqueeze(dim),
-    "reshape": _reshape,
-    "view": _view,
-    "to": lambda device: lambda x: x.to(device),
-}
-
-
-def _nested_dict(source: Mapping[Any, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in source.items():
-        path = (key,) if type(key) is str else key
-        level = out
-        for part in path[:-1]:
-            level = level.setdefault(part, {})
-        level[path[-1]] = _nested_dict(value) if isinstance(value, Mapping) else value
-    return out
+    def load(self, path: Path) -> Thunk:
+        return functools.partial(torch.load, path, weights_only=True)
 
 
 IMPLS: dict[str, Impl] = {impl.name: impl for impl in (TdtreeImpl(), TensordictImpl(), PytreeImpl())}

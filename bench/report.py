@@ -15,6 +15,11 @@ tensordict's; above 1 is ahead). ``--plot`` draws each case's speedup over tenso
 over the plain-pytree floor, grouped by family (the bench file), with the goal lines (SVG or PNG,
 by the file's suffix; matplotlib, from the bench extra).
 
+The size sweeps (bench/test_sweeps.py) are left out of all three and printed as their own section
+after them (:func:`sweep_table`): per family and operation, each implementation's growth exponent
+and cost per unit (bench/growth.py, from each row's min time) and tdtree's time over tensordict's and
+over the floor's at the largest size both ran.
+
 Ops are 1 / the *median* time (:func:`ops`, which bench.compare uses too), not pytest-benchmark's
 1 / mean: on a shared machine a few rounds stalled by other processes move the mean by tens of
 percent and the median hardly at all.
@@ -34,6 +39,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from . import growth
 
 DEFAULT = Path(__file__).parent / "results" / "latest.json"
 DASH = "—"
@@ -87,6 +94,8 @@ def load(path: str | Path) -> Cases:
     data = json.loads(Path(path).read_text())
     cases: Cases = {}
     for bench in data["benchmarks"]:
+        if growth.is_sweep(bench):
+            continue
         info = bench.get("extra_info", {})
         case = info.get("case", bench["name"])
         cases.setdefault(case, {})[info.get("impl", "tdtree")] = bench["stats"]
@@ -111,6 +120,8 @@ def families(paths: Iterable[str | Path]) -> dict[str, str]:
     found: dict[str, str] = {}
     for path in paths:
         for bench in json.loads(Path(path).read_text())["benchmarks"]:
+            if growth.is_sweep(bench):
+                continue
             case = bench.get("extra_info", {}).get("case", bench["name"])
             module = Path(bench.get("fullname", "").split("::")[0]).stem
             found.setdefault(case, module.removeprefix("test_") or "other")
@@ -240,6 +251,46 @@ def report(cases: Cases, with_table: bool = False) -> str:
     return summary(cases) + ("\n\n" + table(cases) if with_table else "")
 
 
+SWEEP_IMPLS = ("tdtree", "tensordict", "pytree")
+
+
+def _ratio_cell(points: dict[str, dict[int, float]], other: str) -> str:
+    found = growth.ratio(points["tdtree"], points[other]) if "tdtree" in points and other in points else None
+    if found is None:
+        return DASH
+    size, value = found
+    return f"{value:.2f}" + ("" if size == max(points["tdtree"]) else f" (at {size:,})")
+
+
+def _per_unit_cell(fit: growth.Fit | None, unit: str, largest: int) -> str:
+    if fit is None:
+        return DASH
+    return f"{fmt_time(fit.per_unit)}/{unit}" + ("" if fit.largest == largest else f" (at {fit.largest:,})")
+
+
+def sweep_table(sweeps: growth.Sweeps, units: dict[str, str]) -> str:
+    """The size sweeps: one Markdown row per family and operation (see the module doc)."""
+    lines = [
+        "Size sweeps: exponent = least-squares slope of log(min time) against log(size) (1: linear); "
+        "per unit = min time at the largest size / that size; tt/td and tt/floor = tdtree's time over "
+        "tensordict's and over the plain-pytree floor's at the largest size both ran (below 1: tdtree faster).",
+        "",
+        "| Sweep | Op | Sizes | Exponent tdtree | tensordict | floor | Per unit tdtree | tensordict | floor "
+        "| tt/td | tt/floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (family, op), points in sweeps.items():
+        fits = {impl: growth.fit(points[impl]) for impl in SWEEP_IMPLS if impl in points}
+        sizes = sorted({size for impl_points in points.values() for size in impl_points})
+        unit = units[family]
+        span = f"{sizes[0]:,}–{sizes[-1]:,} " + ("leaves" if unit == "leaf" else f"{unit}s")
+        exps = [f"{fits[impl].exponent:.2f}" if impl in fits else DASH for impl in SWEEP_IMPLS]
+        per_unit = [_per_unit_cell(fits.get(impl), units[family], sizes[-1]) for impl in SWEEP_IMPLS]
+        ratios = [_ratio_cell(points, "tensordict"), _ratio_cell(points, "pytree")]
+        lines.append(f"| {family} | {op} | {span} | " + " | ".join([*exps, *per_unit, *ratios]) + " |")
+    return "\n".join(lines)
+
+
 MET, MISSED, UNJUDGED = "#2e7d32", "#c62828", "#9e9e9e"
 
 
@@ -346,7 +397,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no results at {path}: run `make bench` first", file=sys.stderr)
             return 1
     cases = load_best(args.files)
-    print(report(cases, with_table=args.table))
+    sweeps, units = growth.load(args.files)
+    if not cases and not sweeps:
+        print(f"no bench results in {', '.join(map(str, args.files))}", file=sys.stderr)
+        return 1
+    sections = [report(cases, with_table=args.table)] if cases else []
+    if sweeps:
+        sections.append(sweep_table(sweeps, units))
+    print("\n\n".join(sections))
     if args.plot is not None:
         plot(cases, families(args.files), args.plot, title=", ".join(path.name for path in args.files))
         print(f"\nplot: {args.plot}")

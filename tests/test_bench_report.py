@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bench import compare, report
+from bench import compare, growth, report
 
 
 def _stats(median: float, q1: float | None = None, q3: float | None = None) -> dict[str, float]:
@@ -233,3 +233,188 @@ def test_plot_draws_every_case_and_goal(
     again = tmp_path / "again.svg"
     report.main([str(results), "--plot", str(again)])
     assert again.read_text() == svg
+
+
+# -- size sweeps ---------------------------------------------------------------------------------------
+
+# (family, op, unit) -> impl -> {size: min seconds}: width/clone a fixed cost plus a per-leaf one (the
+# slope is not a round number), depth/create exactly linear, with no tensordict row at the deepest size
+SWEEP_DATA = {
+    ("width", "clone", "leaf"): {
+        "tdtree": {1: 2e-6, 10: 3e-6, 100: 1e-5, 1000: 8e-5},
+        "tensordict": {1: 5e-6, 10: 1e-5, 100: 6e-5, 1000: 4e-4},
+        "pytree": {1: 1e-6, 10: 2e-6, 100: 8e-6, 1000: 6.4e-5},
+    },
+    ("depth", "create", "level"): {
+        "tdtree": {1: 1e-6, 4: 4e-6, 16: 16e-6, 64: 64e-6},
+        "tensordict": {1: 2e-6, 4: 8e-6, 16: 32e-6},
+        "pytree": {1: 0.5e-6, 4: 2e-6, 16: 8e-6, 64: 32e-6},
+    },
+}
+
+
+def _sweep_rows(data: dict[Any, dict[str, dict[int, float]]]) -> list[dict[str, Any]]:
+    rows = []
+    for (family, op, unit), impls in data.items():
+        for impl, points in impls.items():
+            for size, seconds in points.items():
+                case = f"test_sweep_{family}[{op}-{size}]"
+                rows.append(
+                    {
+                        "name": f"{case}[{impl}]",
+                        "fullname": f"bench/test_sweeps.py::{case}",
+                        "extra_info": {
+                            "case": case,
+                            "impl": impl,
+                            "sweep": family,
+                            "op": op,
+                            "size": size,
+                            "unit": unit,
+                        },
+                        # the median is far from the min: the fits must read the min
+                        "stats": {**_stats(seconds * 2), "min": seconds},
+                    }
+                )
+    return rows
+
+
+def _slope(points: dict[int, float]) -> float:
+    import numpy as np
+
+    return float(np.polyfit(np.log(list(points)), np.log(list(points.values())), 1)[0])
+
+
+def _cells(table: str, family: str, op: str) -> list[str]:
+    row = next(line for line in table.splitlines() if line.startswith(f"| {family} | {op} |"))
+    return [cell.strip() for cell in row.split("|")[1:-1]]
+
+
+@pytest.fixture
+def with_sweeps(results: Path, tmp_path: Path) -> Path:
+    path = tmp_path / "with_sweeps.json"
+    path.write_text(json.dumps({"benchmarks": json.loads(results.read_text())["benchmarks"] + _sweep_rows(SWEEP_DATA)}))
+    return path
+
+
+def test_sweep_table_fits_exponents_and_costs_per_unit(with_sweeps: Path) -> None:
+    sweeps, units = growth.load([with_sweeps])
+    assert units == {"width": "leaf", "depth": "level"}
+    table = report.sweep_table(sweeps, units)
+    width = SWEEP_DATA["width", "clone", "leaf"]
+    cells = _cells(table, "width", "clone")
+    assert cells[2] == "1–1,000 leaves"
+    assert cells[3:6] == [f"{_slope(width[impl]):.2f}" for impl in ("tdtree", "tensordict", "pytree")]
+    # per leaf at 1,000: 80 µs, 400 µs and 64 µs over 1,000 leaves; tt/td 80/400, tt/floor 80/64
+    assert cells[6:9] == ["80 ns/leaf", "400 ns/leaf", "64 ns/leaf"]
+    assert cells[9:] == ["0.20", "1.25"]
+    cells = _cells(table, "depth", "create")
+    assert cells[2] == "1–64 levels"
+    assert cells[3:6] == ["1.00", "1.00", "1.00"]
+    # tensordict's deepest row is 16: its cost per level there, and tt/td at 16 (16 µs / 32 µs)
+    assert cells[6:9] == ["1 μs/level", "2 μs/level (at 16)", "500 ns/level"]
+    assert cells[9:] == ["0.50 (at 16)", "2.00"]
+
+
+def test_sweeps_are_their_own_section_after_the_summary(
+    results: Path, with_sweeps: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the summary and the table of every case are those of the results without the sweeps
+    assert report.load(with_sweeps) == report.load(results)
+    assert report.families([with_sweeps]) == report.families([results])
+    assert report.main([str(with_sweeps), "--table"]) == 0
+    sweeps, units = growth.load([with_sweeps])
+    expected = report.report(report.load(results), with_table=True) + "\n\n" + report.sweep_table(sweeps, units)
+    assert capsys.readouterr().out == expected + "\n"
+    # a file of sweeps alone prints the sweep section alone
+    only = with_sweeps.with_name("only.json")
+    only.write_text(json.dumps({"benchmarks": _sweep_rows(SWEEP_DATA)}))
+    assert report.main([str(only)]) == 0
+    assert capsys.readouterr().out == report.sweep_table(sweeps, units) + "\n"
+
+
+def test_sweeps_over_several_runs_keep_each_points_lowest_min(with_sweeps: Path, tmp_path: Path) -> None:
+    # a second run: tdtree's 1,000-leaf clone at 40% of the time (kept), its 10-leaf clone slower (ignored)
+    second = tmp_path / "second.json"
+    rows = _sweep_rows({("width", "clone", "leaf"): {"tdtree": {1000: 3.2e-5, 10: 9e-6}}})
+    second.write_text(json.dumps({"benchmarks": rows}))
+    sweeps, units = growth.load([with_sweeps, second])
+    points = {**SWEEP_DATA["width", "clone", "leaf"]["tdtree"], 1000: 3.2e-5}
+    assert sweeps["width", "clone"]["tdtree"] == points
+    cells = _cells(report.sweep_table(sweeps, units), "width", "clone")
+    assert cells[3] == f"{_slope(points):.2f}" and cells[6] == "32 ns/leaf" and cells[9:] == ["0.08", "0.50"]
+
+
+def test_sweep_with_one_size_has_no_exponent() -> None:
+    assert math.isnan(growth.exponent({10: 1e-6}))
+    assert growth.fit({10: 1e-6, 100: 1e-5}) == growth.Fit(pytest.approx(1.0), 100, pytest.approx(1e-7))
+
+
+def test_report_without_any_result_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"benchmarks": []}))
+    assert report.main([str(empty)]) == 1
+    assert "no bench results in" in capsys.readouterr().err
+
+
+# -- bench.compare when a side fails ---------------------------------------------------------------------
+
+
+def test_compare_lists_the_cases_one_side_lacks() -> None:
+    head = {"test_a": _stats(1e-6), "test_new": _stats(1e-6)}
+    base = {"test_a": _stats(1e-6), "test_gone": _stats(1e-6)}
+    out = compare.table("BASE", [head], [base])
+    assert "of 1 on both sides" in out
+    assert "1 cases ran only on the working tree: `test_new`" in out
+    assert "1 cases ran only on BASE: `test_gone`" in out
+    assert next(line for line in out.splitlines() if line.startswith("| `test_gone`")).split("|")[6].strip() == "—"
+
+
+def test_compare_problems_name_the_file_and_the_side() -> None:
+    output = (
+        "....\n"
+        "=========================== short test summary info ============================\n"
+        "ERROR bench/test_nn.py - ModuleNotFoundError: No module named 'tdtree.nn'\n"
+        "FAILED bench/test_ops.py::test_x[tdtree] - AssertionError: assert 1 == 2\n"
+        "1 failed, 3 passed, 1 error in 2.00s\n"
+    )
+    collection = (
+        "==================================== ERRORS ====================================\n"
+        "_____________________ ERROR collecting bench/test_rl.py ______________________\n"
+        "ImportError while importing test module 'bench/test_rl.py'.\n"
+        "E   ImportError: cannot import name 'stack' from 'tdtree'\n"
+        "=========================== short test summary info ============================\n"
+        "ERROR bench/test_rl.py\n"
+    )
+    found = compare.problems(1, output)
+    assert found == [
+        "ERROR bench/test_nn.py - ModuleNotFoundError: No module named 'tdtree.nn'",
+        "FAILED bench/test_ops.py::test_x[tdtree] - AssertionError: assert 1 == 2",
+    ]
+    text = compare.diagnosis("a59f752 (the base)", [{}, {}], found)
+    assert text.splitlines()[0] == "a59f752 (the base) ran no bench case."
+    assert "a59f752 (the base): 2 problems" in text and "No module named 'tdtree.nn'" in text
+    assert compare.problems(2, collection) == [
+        "ERROR bench/test_rl.py - ImportError: cannot import name 'stack' from 'tdtree'",
+        "pytest exited with status 2: ERROR bench/test_rl.py",
+    ]
+    assert compare.problems(0, "5 passed") == [] and compare.diagnosis("x", [{"test_a": {}}], []) == ""
+    assert compare.problems(5, "no tests ran") == ["no bench case was collected (exit 5)"]
+    assert compare.problems(4, "ERROR: usage: unknown option --impls") == [
+        "pytest exited with status 4: ERROR: usage: unknown option --impls"
+    ]
+
+
+def test_compare_runs_the_files_that_import_when_others_do_not(tmp_path: Path) -> None:
+    # a tree whose bench has one file importing a module that does not exist and one that runs
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "conftest.py").write_text(
+        "def pytest_addoption(parser):\n    parser.addoption('--impls', default='tdtree')\n"
+    )
+    (bench / "test_gone.py").write_text("import module_that_is_not_there\n")
+    (bench / "test_ok.py").write_text("def test_fine(benchmark):\n    benchmark(int)\n")
+    cases, found = compare._run(tmp_path, tmp_path / "out.json", [])
+    assert list(cases) == ["test_fine"]
+    assert (
+        len(found) == 1 and found[0].startswith("ERROR bench/test_gone.py") and "module_that_is_not_there" in found[0]
+    )
