@@ -14,6 +14,7 @@ from ._keys import display
 from ._lookup import walk_keys
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
+from ._torch_private import substitute_in_graph
 from ._validate import as_batch_size
 from .errors import BatchSizeError, KeyMismatchError
 
@@ -37,12 +38,57 @@ __all__ = [
 # optree reaches a node's children through a Python callback and checks every tensor leaf
 # against its registry (~0.35 us a leaf here); nodes hold only tensors and nodes, so the
 # traversals below walk ``_data`` directly and keep the node itself as the structure.
+#
+# Compiled code runs traced twins of the recursive walks (registered with substitute_in_graph), each
+# one loop over an explicit stack: dynamo inlines every Python call as a frame of its own, a dozen
+# interpreter frames deep, so a recursive walk runs out of Python's recursion limit at a few dozen
+# levels, where dynamo handles a plain dict of any depth it can rebuild without inlining a walk.
+
+
+def _rebuilt_traced(spec: Node, leaf_fn: Callable[[Any], Any], meta_of: Callable[[Node], tuple]) -> Node:
+    """A node of ``spec``'s keys with ``leaf_fn(leaf)`` at every leaf, called in canonical order, and
+    each node untagged with the metadata ``meta_of(node)``: the rebuilding walks' traced twin."""
+    # one frame per node on the path being walked: [node, its entries, the next entry's index, new data]
+    stack: list[list[Any]] = [[spec, list(spec._data.items()), 0, {}]]
+    root = type(spec)._root
+    while True:
+        frame = stack[-1]
+        entries, i = frame[1], frame[2]
+        if i < len(entries):
+            frame[2] = i + 1
+            k, v = entries[i]
+            if isinstance(v, Node):
+                stack.append([v, list(v._data.items()), 0, {}])
+            else:
+                frame[3][k] = leaf_fn(v)
+            continue
+        stack.pop()
+        node = frame[0]
+        # the top's type for a node of the same root type: dynamo writes a result's type into the
+        # code it emits by the path it was read from, and a deep node's type is read a path as deep
+        kind = type(node)._root
+        built = with_meta(root if kind is root else kind, frame[3], meta_of(node))
+        if not stack:
+            return built
+        parent = stack[-1]
+        parent[3][parent[1][parent[2] - 1][0]] = built
 
 
 def _collect(node: Node, out: list[Any]) -> None:
     for v in node._data.values():
         if isinstance(v, Node):
             _collect(v, out)
+        else:
+            out.append(v)
+
+
+@substitute_in_graph(_collect)
+def _collect_traced(node: Node, out: list[Any]) -> None:
+    stack: list[Any] = list(node._data.values())[::-1]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, Node):
+            stack.extend(list(v._data.values())[::-1])
         else:
             out.append(v)
 
@@ -66,6 +112,16 @@ def _refill(spec: Node, it: Iterator[Any]) -> Node:
     return with_meta(type(spec), data, spec._meta)
 
 
+def _own_meta(node: Node) -> tuple:
+    keys, batch_size, device, _ = node._meta
+    return (keys, batch_size, device, NO_TAGS)
+
+
+@substitute_in_graph(_refill)
+def _refill_traced(spec: Node, it: Iterator[Any]) -> Node:
+    return _rebuilt_traced(spec, lambda _: next(it), _own_meta)
+
+
 def flat_tree(tree: Any) -> tuple[list[Any], Any]:
     """Any tree's leaves and structure (namespace ``"tdtree"``): a node by :func:`flat`, anything else by optree."""
     return flat(tree) if isinstance(tree, Node) else optree.tree_flatten(tree, namespace=NAMESPACE)
@@ -85,6 +141,16 @@ def _refill_batch(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n
     if len(batch_size) != n:  # a sub-node's extra batch dims follow the root's new ones
         root = torch.Size((*root, *batch_size[n:]))
     return with_meta(type(spec), data, (keys, root, device, NO_TAGS))
+
+
+@substitute_in_graph(_refill_batch)
+def _refill_batch_traced(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n: int) -> Node:
+    def meta_of(node: Node) -> tuple:
+        keys, batch_size, device, _ = node._meta
+        size = root if len(batch_size) == n else torch.Size((*root, *batch_size[n:]))
+        return (keys, size, device, NO_TAGS)
+
+    return _rebuilt_traced(spec, leaf_fn, meta_of)
 
 
 def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = None) -> Any:
@@ -113,6 +179,11 @@ def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
     for k, v in spec._data.items():
         data[k] = _mapped(fn, v) if isinstance(v, Node) else fn(v)
     return with_meta(type(spec), data, spec._meta)
+
+
+@substitute_in_graph(_mapped)
+def _mapped_traced(fn: Callable[[Any], Any], spec: Node) -> Node:
+    return _rebuilt_traced(spec, fn, _own_meta)
 
 
 def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:
@@ -178,6 +249,25 @@ def _pair(a: Node, b: Node, out: list[Any], skip: int | None) -> bool:
             return False
         else:
             out.append(w)
+    return True
+
+
+@substitute_in_graph(_pair)
+def _pair_traced(a: Node, b: Node, out: list[Any], skip: int | None) -> bool:
+    stack: list[tuple[Any, Any]] = [(a, b)]
+    while stack:
+        v, w = stack.pop()
+        if not isinstance(v, Node):
+            if isinstance(w, Node):
+                return False
+            out.append(w)
+            continue
+        if not isinstance(w, Node):
+            return False
+        mv, mw = v._meta, w._meta
+        if mv[0] != mw[0] or (mv[1] != mw[1] and (skip is None or not _fits(mv[1], mw[1], skip))):
+            return False
+        stack.extend(list(zip(v._data.values(), w._data.values()))[::-1])
     return True
 
 

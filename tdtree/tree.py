@@ -20,6 +20,7 @@ from typing import Any
 import optree
 
 from ._base import NO_TAGS, Holder, Node
+from ._maps import map_leaves
 from ._pytree import NAMESPACE
 from ._tags import holds_tagged, retag, tag_rule
 
@@ -88,6 +89,11 @@ def map(
     >>> map(lambda x: x, sh).tags == sh.tags, map(lambda x: x + 1, sh).tags
     (True, frozenset())
     """
+    if not rests and is_leaf is None and isinstance(tree, Node):
+        # a node holds only tensors and nodes: its own walk gives optree's result (leaves in the same
+        # order, nodes untagged with their metadata), and compiles at any depth, where dynamo inlines
+        # optree's recursive flatten a frame per level
+        return map_leaves(func, tree)
     return _paired(optree.tree_map, func, tree, rests, is_leaf, none_is_leaf)
 
 
