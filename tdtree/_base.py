@@ -43,6 +43,7 @@ import functools
 import types
 from bisect import bisect_right as _bisect_right
 from collections.abc import Callable, Iterable
+from operator import countOf
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -291,7 +292,12 @@ def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[ty
     """
     data = node._data
     new = None
-    for k, v in data.items():
+    # a node of plain tensors alone (a flat node, each level of a nested one) is told by a count in C:
+    # no sub-node to visit, and no loop over its leaves
+    entries: Iterable[tuple[str, Any]] = data.items()
+    if countOf(map(type, data.values()), _Tensor) == len(data):
+        entries = ()
+    for k, v in entries:
         if type(v) is _Tensor or not isinstance(v, Node):
             continue
         out = retagged(v, cls, tags, variant)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable
+from operator import countOf, itemgetter
 from typing import Any, TypeVar
 
 import optree
@@ -48,6 +49,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 _Tensor = torch.Tensor
+_first = itemgetter(0)
 
 
 def retag(node: Any, tags: frozenset) -> Any:
@@ -237,7 +239,12 @@ def _ruled(results: list[Any], inputs: list[Node], common: frozenset) -> list[An
 def _untagged(x: Any) -> bool:
     """Whether the argument ``x`` holds no tagged node (after the gate's lookup of its type failed)."""
     t = type(x)
-    if t is tuple or t is list:
+    if t is dict:
+        # a dict of tensors (what update takes): its values' types told by a loop in C, without the
+        # walk of holds_tagged
+        if all(map(is_untagged_type, map(type, x.values()))):
+            return True
+    elif t is tuple or t is list:
         if t is tuple and x and type(x[0]) is str:  # a nested key (told inline: the common case here)
             return True
         # an index of slices, ints, tensors, ``...`` and None, or a list of sizes: told by the items'
@@ -251,6 +258,16 @@ def _untagged(x: Any) -> bool:
 
 
 def _all_untagged(values: Iterable[Any]) -> bool:
+    # Many keys (select, exclude) are told by loops in C first: str keys by their type, nested keys as
+    # tuples whose first part is a str (an empty tuple stops the count with IndexError).
+    if all(map(is_untagged_type, map(type, values))):
+        return True
+    if type(values) is tuple and countOf(map(type, values), tuple) == len(values):
+        try:
+            if countOf(map(type, map(_first, values)), str) == len(values):
+                return True
+        except IndexError:
+            pass
     for x in values:
         t = type(x)
         if is_untagged_type(t) or (t is tuple and x and type(x[0]) is str):
