@@ -8,7 +8,8 @@ validated again. The editors that take values in are in :mod:`tdtree._keyops`.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, KeysView
-from operator import countOf
+from itertools import repeat
+from operator import countOf, is_
 from typing import Any
 
 from ._base import NO_TAGS, Node, NodeT, along, make, rebuilt, sorted_data, with_meta
@@ -294,7 +295,7 @@ def _trie_error(trail: _Trail, k: str, sub: Any, level: Node) -> KeyError:
 
 def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
     _, batch_size, device, _ = node._meta
-    if countOf(trie.values(), _ALL) == len(trie):
+    if all(map(is_, trie.values(), repeat(_ALL))):
         # whole entries alone (the last level of nested keys): picked at once; a missing key takes the
         # loop below, which passes over it or names it
         entries = node._data

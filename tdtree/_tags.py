@@ -20,7 +20,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable
-from operator import countOf, itemgetter
+from itertools import repeat
+from operator import countOf, getitem
 from typing import Any, TypeVar
 
 import optree
@@ -49,7 +50,6 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 _Tensor = torch.Tensor
-_first = itemgetter(0)
 
 
 def retag(node: Any, tags: frozenset) -> Any:
@@ -264,7 +264,7 @@ def _all_untagged(values: Iterable[Any]) -> bool:
         return True
     if type(values) is tuple and countOf(map(type, values), tuple) == len(values):
         try:
-            if countOf(map(type, map(_first, values)), str) == len(values):
+            if countOf(map(type, map(getitem, values, repeat(0))), str) == len(values):
                 return True
         except IndexError:
             pass
