@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator, KeysView
 from itertools import repeat
-from operator import countOf, is_
+from operator import is_
 from typing import Any
 
 from ._base import NO_TAGS, Node, NodeT, along, make, rebuilt, sorted_data, with_meta
@@ -398,7 +398,7 @@ def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
         except (KeyError, TypeError):
             pass
         else:
-            if countOf(map(type, picked), str) == len(picked):  # a str subclass is no key: as_path refuses it
+            if all(map(is_, map(type, picked), repeat(str))):  # a str subclass is no key: as_path refuses it
                 return make(type(node), picked, batch_size, device)
     return _select(node, _trie(keys), strict, ())
 
@@ -477,7 +477,7 @@ def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
         except (KeyError, TypeError):
             pass
         else:
-            if countOf(map(type, keys), str) == len(keys):  # a str subclass is no key: as_path refuses it
+            if all(map(is_, map(type, keys), repeat(str))):  # a str subclass is no key: as_path refuses it
                 _, batch_size, device, _ = node._meta
                 return make(type(node), data, batch_size, device)
     return _exclude(node, _trie(keys), strict, ())

@@ -21,7 +21,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable
 from itertools import repeat
-from operator import countOf, getitem
+from operator import getitem, is_
 from typing import Any, TypeVar
 
 import optree
@@ -259,12 +259,13 @@ def _untagged(x: Any) -> bool:
 
 def _all_untagged(values: Iterable[Any]) -> bool:
     # Many keys (select, exclude) are told by loops in C first: str keys by their type, nested keys as
-    # tuples whose first part is a str (an empty tuple stops the count with IndexError).
+    # tuples whose first part is a str (an empty tuple stops the loop with IndexError). all() and is_,
+    # not operator.countOf: dynamo traces countOf through polyfills that it then guards on.
     if all(map(is_untagged_type, map(type, values))):
         return True
-    if type(values) is tuple and countOf(map(type, values), tuple) == len(values):
+    if type(values) is tuple and all(map(is_, map(type, values), repeat(tuple))):
         try:
-            if countOf(map(type, map(getitem, values, repeat(0))), str) == len(values):
+            if all(map(is_, map(type, map(getitem, values, repeat(0))), repeat(str))):
                 return True
         except IndexError:
             pass
