@@ -244,18 +244,17 @@ def _trie(paths: tuple[Any, ...]) -> dict[str, Any]:
         if type(path) is str:  # a top-level key names its whole entry: no tuple to make and walk
             trie[path] = _ALL
             continue
+        if type(path) is tuple and len(path) == 2:  # the common nested key, without the walk's slice and loop
+            head, last = path
+            if type(head) is str and type(last) is str:
+                nxt = trie.get(head)
+                if nxt is None:
+                    trie[head] = {last: _ALL}
+                elif nxt is not _ALL:
+                    nxt[last] = _ALL
+                continue
         if type(path) is not tuple or not path:
             as_path(path)  # raises TypeError naming it
-        if len(path) == 2:  # the common nested key, without the walk's slice and loop
-            head, last = path
-            if type(head) is not str or type(last) is not str:
-                as_path(path)
-            nxt = trie.get(head)
-            if nxt is None:
-                trie[head] = {last: _ALL}
-            elif nxt is not _ALL:
-                nxt[last] = _ALL
-            continue
         # each part checked as it is walked (as_path's own loop, without a call per key)
         level = trie
         for part in path[:-1]:
