@@ -75,9 +75,14 @@ __all__ = [
     "sorted_data",
     "insertion_point",
     "memo",
+    "FEW",
 ]
 
 NO_TAGS: frozenset = frozenset()
+
+# The number of items from which a loop in C over them (map, all, countOf) costs less than a Python loop
+# with its setup; the fast paths for many keys or leaves start there.
+FEW = 8
 
 # The tag rule's gate tells an argument by one lookup of its type in these: values that hold no node
 # and the untagged node types pass, tagged node types stop it. Node types add themselves when made.
@@ -295,7 +300,7 @@ def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[ty
     # a node of plain tensors alone (a flat node, each level of a nested one) is told by a count in C:
     # no sub-node to visit, and no loop over its leaves
     entries: Iterable[tuple[str, Any]] = data.items()
-    if countOf(map(type, data.values()), _Tensor) == len(data):
+    if len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data):
         entries = ()
     for k, v in entries:
         if type(v) is _Tensor or not isinstance(v, Node):

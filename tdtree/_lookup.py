@@ -12,7 +12,7 @@ from itertools import repeat
 from operator import is_
 from typing import Any
 
-from ._base import NO_TAGS, Node, NodeT, along, make, rebuilt, sorted_data, with_meta
+from ._base import FEW, NO_TAGS, Node, NodeT, along, make, rebuilt, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
 from ._tags import tag_rule
 from .errors import KeyNotFoundError, NotANodeKeyError
@@ -294,7 +294,7 @@ def _trie_error(trail: _Trail, k: str, sub: Any, level: Node) -> KeyError:
 
 def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
     _, batch_size, device, _ = node._meta
-    if all(map(is_, trie.values(), repeat(_ALL))):
+    if len(trie) >= FEW and all(map(is_, trie.values(), repeat(_ALL))):
         # whole entries alone (the last level of nested keys): picked at once; a missing key takes the
         # loop below, which passes over it or names it
         entries = node._data

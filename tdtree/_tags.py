@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import optree
 import torch
 
-from ._base import NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, memo, retagged
+from ._base import FEW, NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, memo, retagged
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
@@ -261,9 +261,11 @@ def _all_untagged(values: Iterable[Any]) -> bool:
     # Many keys (select, exclude) are told by loops in C first: str keys by their type, nested keys as
     # tuples whose first part is a str (an empty tuple stops the loop with IndexError). all() and is_,
     # not operator.countOf: dynamo traces countOf through polyfills that it then guards on.
-    if all(map(is_untagged_type, map(type, values))):
+    if type(values) is not tuple or len(values) < FEW:
+        pass
+    elif all(map(is_untagged_type, map(type, values))):
         return True
-    if type(values) is tuple and all(map(is_, map(type, values), repeat(tuple))):
+    elif all(map(is_, map(type, values), repeat(tuple))):
         try:
             if all(map(is_, map(type, map(getitem, values, repeat(0))), repeat(str))):
                 return True
