@@ -43,6 +43,7 @@ import functools
 import types
 from bisect import bisect_right as _bisect_right
 from collections.abc import Callable, Iterable
+from operator import countOf
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -74,9 +75,14 @@ __all__ = [
     "sorted_data",
     "insertion_point",
     "memo",
+    "FEW",
 ]
 
 NO_TAGS: frozenset = frozenset()
+
+# The number of items from which a loop in C over them (map, all, countOf) costs less than a Python loop
+# with its setup; the fast paths for many keys or leaves start there.
+FEW = 8
 
 # The tag rule's gate tells an argument by one lookup of its type in these: values that hold no node
 # and the untagged node types pass, tagged node types stop it. Node types add themselves when made.
@@ -291,7 +297,12 @@ def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[ty
     """
     data = node._data
     new = None
-    for k, v in data.items():
+    # a node of plain tensors alone (a flat node, each level of a nested one) is told by a count in C:
+    # no sub-node to visit, and no loop over its leaves
+    entries: Iterable[tuple[str, Any]] = data.items()
+    if len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data):
+        entries = ()
+    for k, v in entries:
         if type(v) is _Tensor or not isinstance(v, Node):
             continue
         out = retagged(v, cls, tags, variant)

@@ -18,9 +18,9 @@ import torch
 
 from ._base import NO_TAGS, Node, NodeT, chain, from_levels, insertion_point, make, rebuilt, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
-from ._lookup import MISSING, get, path_nodes, walk, without
+from ._lookup import get, path_nodes, walk, without
 from ._tags import Locked, retag, tag_rule
-from ._validate import as_batch_size, as_device, build, entry, nest, settle_device
+from ._validate import as_batch_size, as_device, build, entry, nest, put_fitting, settle_device
 from .errors import BatchSizeError, KeyCollisionError, LockedError
 
 __all__ = [
@@ -200,22 +200,21 @@ def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ..
         trusted = source._meta[1] == batch_size and source._meta[2] == device
         source = source._data
     new = old.copy()
-    added = False
-    for k, v in source.items():
-        current = old.get(k, MISSING)
-        if current is MISSING:
-            added = True
-        elif isinstance(current, Node) and isinstance(v, (Node, Mapping)):
-            new[k] = _update(current, v if isinstance(v, Node) else nest(v), (*prefix, k))
-            continue
-        if trusted:
+    # the tensors that fit as they are go in at once; the rest (sub-nodes, mappings, tensors to move,
+    # convert or refuse) one by one below
+    rest = source.items() if trusted else put_fitting(source, batch_size, device, new)
+    for k, v in rest:
+        current = old.get(k)
+        if isinstance(current, Node) and isinstance(v, (Node, Mapping)):
+            new[k] = _update(current, v if isinstance(v, Node) else nest(v, False), (*prefix, k))
+        elif trusted:
             # a sub-node goes in untagged, as entry() puts it (the rule decides the result's tags)
             new[k] = retag(v, NO_TAGS) if isinstance(v, Node) else v
         else:
             new[k] = entry((*prefix, k), v, batch_size, device, type(node)._root)
     if device is None:  # with a device, entry() moved every value there (a trusted node's are on it)
         new, device = settle_device(new, device)
-    if not added:  # only replaced entries: the node's key tuple serves
+    if len(new) == len(order):  # only replaced entries: the node's key tuple serves
         return with_meta(type(node), new, (order, batch_size, device, NO_TAGS))
     return make(type(node), sorted_data(new), batch_size, device)
 
@@ -243,7 +242,7 @@ def update(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     >>> list(td.update({"b": {"d": torch.ones(2)}}).keys(include_nested=True, leaves_only=True))
     ['a', ('b', 'c'), ('b', 'd')]
     """
-    return _update(node, other if isinstance(other, Node) else nest(other), ())
+    return _update(node, other if isinstance(other, Node) else nest(other, False), ())
 
 
 @tag_rule

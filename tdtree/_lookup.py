@@ -8,9 +8,11 @@ validated again. The editors that take values in are in :mod:`tdtree._keyops`.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, KeysView
+from itertools import repeat
+from operator import is_
 from typing import Any
 
-from ._base import NO_TAGS, Node, NodeT, along, make, rebuilt, sorted_data, with_meta
+from ._base import FEW, NO_TAGS, Node, NodeT, along, make, rebuilt, sorted_data, with_meta
 from ._keys import NestedKey, as_path, display
 from ._tags import tag_rule
 from .errors import KeyNotFoundError, NotANodeKeyError
@@ -242,9 +244,22 @@ def _trie(paths: tuple[Any, ...]) -> dict[str, Any]:
         if type(path) is str:  # a top-level key names its whole entry: no tuple to make and walk
             trie[path] = _ALL
             continue
-        path = as_path(path)
+        if type(path) is tuple and len(path) == 2:  # the common nested key, without the walk's slice and loop
+            head, last = path
+            if type(head) is str and type(last) is str:
+                nxt = trie.get(head)
+                if nxt is None:
+                    trie[head] = {last: _ALL}
+                elif nxt is not _ALL:
+                    nxt[last] = _ALL
+                continue
+        if type(path) is not tuple or not path:
+            as_path(path)  # raises TypeError naming it
+        # each part checked as it is walked (as_path's own loop, without a call per key)
         level = trie
         for part in path[:-1]:
+            if type(part) is not str:
+                as_path(path)
             nxt = level.get(part)
             if nxt is _ALL:
                 break
@@ -252,7 +267,10 @@ def _trie(paths: tuple[Any, ...]) -> dict[str, Any]:
                 nxt = level[part] = {}
             level = nxt
         else:
-            level[path[-1]] = _ALL
+            last = path[-1]
+            if type(last) is not str:
+                as_path(path)
+            level[last] = _ALL
     return trie
 
 
@@ -275,6 +293,17 @@ def _trie_error(trail: _Trail, k: str, sub: Any, level: Node) -> KeyError:
 
 
 def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> NodeT:
+    _, batch_size, device, _ = node._meta
+    if len(trie) >= FEW and all(map(is_, trie.values(), repeat(_ALL))):
+        # whole entries alone (the last level of nested keys): picked at once; a missing key takes the
+        # loop below, which passes over it or names it
+        entries = node._data
+        try:
+            data = {k: entries[k] for k in sorted(trie)}
+        except KeyError:
+            pass
+        else:
+            return make(type(node), data, batch_size, device)
     data = {}
     for k, sub in trie.items():
         v = node._data.get(k, MISSING)
@@ -288,7 +317,6 @@ def _select(node: NodeT, trie: dict[str, Any], strict: bool, trail: _Trail) -> N
             data[k] = _select(v, sub, strict, (trail, k))
         elif strict:
             raise _trie_error(trail, k, sub, node)
-    _, batch_size, device, _ = node._meta
     # one key is in order: a deep key selects one key per level, and sorting them was a fifth of select
     return make(type(node), sorted_data(data) if len(data) > 1 else data, batch_size, device)
 
@@ -357,6 +385,20 @@ def select(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
             return out
     if not keys:
         return make(type(node), {}, node._meta[1], node._meta[2])
+    _, batch_size, device, _ = node._meta
+    if type(keys[0]) is str:
+        # Top-level keys, the common many-key select: picked in sorted order (timsort takes keys given
+        # sorted in one pass), with no trie to build. Anything else (a nested or missing key, a key that
+        # is not a str) fails the sort or the lookup and takes the general path, which names it.
+        data = node._data
+        names: Any = keys  # str keys, unless the sort or a lookup fails
+        try:
+            picked = {k: data[k] for k in sorted(names)}
+        except (KeyError, TypeError):
+            pass
+        else:
+            if all(map(is_, map(type, picked), repeat(str))):  # a str subclass is no key: as_path refuses it
+                return make(type(node), picked, batch_size, device)
     return _select(node, _trie(keys), strict, ())
 
 
@@ -422,6 +464,21 @@ def exclude(node: NodeT, *keys: NestedKey, strict: bool = True) -> NodeT:
         out = _exclude_one(node, keys[0])
         if out is not None:
             return out
+    elif keys and type(keys[0]) is str:
+        # top-level keys, each named once: deleted from a copy of the node's dict, which stays in
+        # canonical order. Anything else (a nested, missing or repeated key, a key that is not a str)
+        # fails a deletion and takes the general path, which names it.
+        data = node._data.copy()
+        names: Any = keys  # str keys, unless a deletion fails
+        try:
+            for k in names:
+                del data[k]
+        except (KeyError, TypeError):
+            pass
+        else:
+            if all(map(is_, map(type, keys), repeat(str))):  # a str subclass is no key: as_path refuses it
+                _, batch_size, device, _ = node._meta
+                return make(type(node), data, batch_size, device)
     return _exclude(node, _trie(keys), strict, ())
 
 

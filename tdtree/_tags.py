@@ -20,12 +20,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import getitem, is_
 from typing import Any, TypeVar
 
 import optree
 import torch
 
-from ._base import NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, memo, retagged
+from ._base import FEW, NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, memo, retagged
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
@@ -237,7 +239,12 @@ def _ruled(results: list[Any], inputs: list[Node], common: frozenset) -> list[An
 def _untagged(x: Any) -> bool:
     """Whether the argument ``x`` holds no tagged node (after the gate's lookup of its type failed)."""
     t = type(x)
-    if t is tuple or t is list:
+    if t is dict:
+        # a dict of tensors (what update takes): its values' types told by a loop in C, without the
+        # walk of holds_tagged
+        if all(map(is_untagged_type, map(type, x.values()))):
+            return True
+    elif t is tuple or t is list:
         if t is tuple and x and type(x[0]) is str:  # a nested key (told inline: the common case here)
             return True
         # an index of slices, ints, tensors, ``...`` and None, or a list of sizes: told by the items'
@@ -251,6 +258,19 @@ def _untagged(x: Any) -> bool:
 
 
 def _all_untagged(values: Iterable[Any]) -> bool:
+    # Many keys (select, exclude) are told by loops in C first: str keys by their type, nested keys as
+    # tuples whose first part is a str (an empty tuple stops the loop with IndexError). all() and is_,
+    # not operator.countOf: dynamo traces countOf through polyfills that it then guards on.
+    if type(values) is not tuple or len(values) < FEW:
+        pass
+    elif all(map(is_untagged_type, map(type, values))):
+        return True
+    elif all(map(is_, map(type, values), repeat(tuple))):
+        try:
+            if all(map(is_, map(type, map(getitem, values, repeat(0))), repeat(str))):
+                return True
+        except IndexError:
+            pass
     for x in values:
         t = type(x)
         if is_untagged_type(t) or (t is tuple and x and type(x[0]) is str):

@@ -38,6 +38,7 @@ __all__ = [
     "record",
     "fill_record",
     "entry",
+    "put_fitting",
     "settle_device",
     "common_device",
     "dim_index",
@@ -211,6 +212,44 @@ def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: tor
         f"entry {display(path)!r} is a {type(value).__name__}; entries are tensors, nodes or dicts "
         "(wrap numbers with torch.as_tensor)"
     )
+
+
+def put_fitting(
+    source: Mapping[str, Any], batch_size: torch.Size, device: torch.device | None, into: dict[str, Any]
+) -> list[tuple[str, Any]]:
+    """Put into ``into`` each value of ``source`` that :func:`entry` would return as it is: a tensor
+    whose shape starts with ``batch_size``, on ``device`` when one is set. The other ``(key, value)``
+    pairs, in ``source``'s order, are returned for the caller to pass to :func:`entry` (which moves,
+    converts or refuses them) or to merge.
+
+    One loop with :func:`_checked`'s inline test, where a call of :func:`entry` per value cost as much as
+    the rest of an update.
+    """
+    n = len(batch_size)
+    b = batch_size
+    # a shape s starts with batch_size exactly when batch_size <= s < hi, as _checked compares
+    hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
+    cpu = device is CPU or (device is not None and device == CPU)
+    strided = torch.strided
+    rest = []
+    for k, v in source.items():
+        # the leaf kinds a node holds (strided, not quantized) are read here too, so that a kind entry()
+        # refuses is always passed to it; a strided nested tensor has no shape
+        try:
+            fits = (
+                isinstance(v, _Tensor)
+                and v.layout is strided
+                and not v.is_quantized
+                and (batch_size <= v.shape < hi if n else not v.is_nested)
+                and (device is None or (v.is_cpu if cpu else v.device == device))
+            )
+        except RuntimeError:
+            fits = False
+        if fits:
+            into[k] = v
+        else:
+            rest.append((k, v))
+    return rest
 
 
 def _has_leaves(node: Node) -> bool:

@@ -100,6 +100,11 @@ EDITORS: dict[str, Callable[[TensorDict], Any]] = {
     "update-dict": lambda td: td.update({"e": td["a"] * 2, ("sub", "f"): td["a"]}),
     "rename": lambda td: (td.rename({"a": ("z", "q")}), td["a"] * 2),
     "exclude": lambda td: (td.exclude("a", ("sub", "c")), td["a"] * 2),
+    "exclude-str-keys": lambda td: (td.exclude("a", "sub"), td["a"] * 2),
+    "select-str-keys": lambda td: (td.select("sub", "a"), td["a"] * 2),
+    "select-nested-keys": lambda td: (td.select(("sub", "d"), ("sub", "c")), td["a"] * 2),
+    "update-str-keys": lambda td: td.update({"a": td["a"] * 2, "e": td["a"]}),
+    "lock": lambda td: (td.lock(), td["a"] * 2),
     "tdsequential": lambda td, seq=_seq(): seq(td).set("e", td["a"] * 2),  # noqa: B008 - one module for the table
 }
 

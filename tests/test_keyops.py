@@ -337,3 +337,100 @@ def test_locked_editors_refuse_and_name_the_in_place_writers(td: tt.TensorDict) 
     assert type(locked.select("obs")) is tt.TensorDict[tt.Locked]
     assert type(locked.exclude("obs")) is tt.TensorDict[tt.Locked]
     assert type(locked.unlock().set("a", torch.zeros(4))) is tt.TensorDict
+
+
+# -- many keys: the paths select / exclude / update / lock take for many top-level keys ---------------
+
+
+def _many(n: int = 6) -> dict[str, torch.Tensor]:
+    return {f"k{i}": torch.full((3, 2), float(i)) for i in range(n)}
+
+
+class _Name(str):
+    pass
+
+
+@pytest.mark.parametrize("op", ["select", "exclude"])
+def test_many_str_keys_match_the_dict_in_any_order(op: str) -> None:
+    data = _many()
+    td = tt.TensorDict(data, [3])
+    keys = ("k4", "k0", "k2")  # not in sorted order
+    out = getattr(td, op)(*keys)
+    expected = {k: v for k, v in data.items() if (k in keys) == (op == "select")}
+    assert list(out.keys()) == sorted(expected)
+    assert all(out[k] is v for k, v in expected.items())
+    assert out.batch_size == td.batch_size and out.device == td.device
+
+
+@pytest.mark.parametrize("op", ["select", "exclude"])
+def test_many_keys_name_a_missing_one_and_pass_it_over_when_not_strict(op: str) -> None:
+    td = tt.TensorDict(_many(), [3])
+    with pytest.raises(KeyNotFoundError, match="'nope'"):
+        getattr(td, op)("k1", "nope", "k3")
+    out = getattr(td, op)("k1", "nope", "k3", strict=False)
+    assert sorted(out.keys()) == (["k1", "k3"] if op == "select" else ["k0", "k2", "k4", "k5"])
+
+
+@pytest.mark.parametrize("op", ["select", "exclude"])
+def test_many_keys_refuse_a_str_subclass_and_a_non_key(op: str) -> None:
+    td = tt.TensorDict(_many(), [3])
+    with pytest.raises(TypeError, match="keys are str"):
+        getattr(td, op)("k1", _Name("k2"))
+    with pytest.raises(TypeError, match="keys are str"):
+        getattr(td, op)("k1", 3)
+
+
+def test_many_keys_repeated_or_mixed_with_nested_ones() -> None:
+    td = tt.TensorDict({**_many(3), "n": {"a": torch.zeros(3), "b": torch.ones(3)}}, [3])
+    assert list(td.exclude("k1", "k1").keys()) == ["k0", "k2", "n"]
+    assert list(td.select("k2", "k2", "k0").keys()) == ["k0", "k2"]
+    mixed = td.select("k1", ("n", "b"))
+    assert list(mixed.keys(include_nested=True)) == ["k1", "n", ("n", "b")]
+    assert mixed["n", "b"] is td["n", "b"]
+    assert list(td.exclude("k1", ("n", "a")).keys(include_nested=True)) == ["k0", "k2", "n", ("n", "b")]
+
+
+def test_select_of_many_nested_keys_names_a_missing_or_leaf_path() -> None:
+    td = tt.TensorDict({"g": {"a": torch.zeros(3), "b": torch.ones(3)}, "h": {"c": torch.zeros(3)}}, [3])
+    out = td.select(("h", "c"), ("g", "b"), ("g", "a"))
+    assert list(out.keys(include_nested=True)) == ["g", ("g", "a"), ("g", "b"), "h", ("h", "c")]
+    with pytest.raises(KeyNotFoundError, match=re.escape("('g', 'z')")):
+        td.select(("g", "a"), ("g", "z"))
+    assert list(td.select(("g", "a"), ("g", "z"), strict=False).keys(include_nested=True)) == ["g", ("g", "a")]
+    with pytest.raises(NotANodeKeyError):
+        td.select(("g", "b"), ("g", "a", "x"))
+    with pytest.raises(TypeError, match="every part"):
+        td.select(("g", "a"), ("g", 1))
+
+
+def test_update_from_a_dict_checks_and_moves_each_value_and_writes_nothing_on_refusal() -> None:
+    data = _many(4)
+    td = tt.TensorDict(data, [3], device="cpu")
+    param = torch.nn.Parameter(torch.ones(3, 2))
+    new = {"k1": torch.ones(3, 2), "k9": torch.ones(3), "k2": param}
+    out = td.update(new)
+    expected = {**data, **new}
+    assert list(out.keys()) == sorted(expected)
+    assert all(out[k] is v for k, v in expected.items())
+    with pytest.raises(BatchSizeError, match="'k3'"):
+        td.update({"k0": torch.ones(3), "k3": torch.ones(2, 2)})
+    assert all(td[k] is v for k, v in data.items())
+    with pytest.raises(TypeError, match="'k3'"):
+        td.update({"k3": 1.0})
+
+
+def test_update_from_a_dict_puts_dicts_and_nodes_in_and_merges_into_sub_nodes() -> None:
+    td = tt.TensorDict({"a": torch.zeros(3), "n": {"x": torch.zeros(3)}}, [3])
+    sub = tt.TensorDict({"y": torch.ones(3)}, [3]).lock()
+    out = td.update({"a": torch.ones(3), "n": {"y": torch.ones(3)}, "m": sub, "d": {"z": torch.ones(3, 1)}})
+    assert list(out.keys(include_nested=True)) == ["a", "d", ("d", "z"), "m", ("m", "y"), "n", ("n", "x"), ("n", "y")]
+    assert out["m"].tags == frozenset() and out["m", "y"] is sub["y"]
+    assert out["n", "x"] is td["n", "x"]
+
+
+def test_lock_of_a_flat_node_with_a_tensor_subclass_and_of_each_level() -> None:
+    param = torch.nn.Parameter(torch.zeros(3))
+    flat = tt.TensorDict({"p": param, "t": torch.zeros(3)}, [3]).lock()
+    assert flat.is_locked and flat["p"] is param
+    nested = tt.TensorDict({"a": torch.zeros(3), "n": {"m": {"b": torch.zeros(3)}}}, [3]).lock()
+    assert nested["n"].is_locked and nested["n", "m"].is_locked
