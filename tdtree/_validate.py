@@ -230,20 +230,15 @@ def put_fitting(
     # a shape s starts with batch_size exactly when batch_size <= s < hi, as _checked compares
     hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
     cpu = device is CPU or (device is not None and device == CPU)
-    strided = torch.strided
     rest = []
     for k, v in source.items():
-        # the leaf kinds a node holds (strided, not quantized) are read here too, so that a kind entry()
-        # refuses is always passed to it; a strided nested tensor has no shape
         try:
             fits = (
                 isinstance(v, _Tensor)
-                and v.layout is strided
-                and not v.is_quantized
-                and (batch_size <= v.shape < hi if n else not v.is_nested)
+                and (not n or batch_size <= v.shape < hi)
                 and (device is None or (v.is_cpu if cpu else v.device == device))
             )
-        except RuntimeError:
+        except RuntimeError:  # a strided nested tensor has no shape: entry() says what it says
             fits = False
         if fits:
             into[k] = v
