@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import optree
@@ -36,22 +36,27 @@ __all__ = [
 
 # optree reaches a node's children through a Python callback and checks every tensor leaf
 # against its registry (~0.35 us a leaf here); nodes hold only tensors and nodes, so the
-# traversals below walk ``_data`` directly and keep the node itself as the structure.
-
-
-def _collect(node: Node, out: list[Any]) -> None:
-    for v in node._data.values():
-        if isinstance(v, Node):
-            _collect(v, out)
-        else:
-            out.append(v)
+# traversals below walk ``_data`` directly and keep the node itself as the structure. They walk
+# from an explicit stack of the levels above, not by recursion: a node is as deep as a nested dict
+# gets, at any recursion depth of the caller; a flat node never touches the stack.
 
 
 def leaves(node: Node) -> list[Any]:
     """The node's leaves in canonical order (depth first, keys sorted): optree's order."""
     out: list[Any] = []
-    _collect(node, out)
-    return out
+    values = iter(node._data.values())
+    above = []  # the iterators of the levels above, each where it left off
+    while True:
+        for v in values:
+            if isinstance(v, Node):
+                above.append(values)
+                values = iter(v._data.values())
+                break
+            out.append(v)
+        else:
+            if not above:
+                return out
+            values = above.pop()
 
 
 def flat(node: Node) -> tuple[list[Any], Node]:
@@ -59,11 +64,37 @@ def flat(node: Node) -> tuple[list[Any], Node]:
     return leaves(node), node
 
 
-def _refill(spec: Node, it: Iterator[Any]) -> Node:
-    data = {}  # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
-    for k, v in spec._data.items():
-        data[k] = _refill(v, it) if isinstance(v, Node) else next(it)
-    return with_meta(type(spec), data, spec._meta)
+def _refill(
+    spec: Node,
+    take: Callable[[], Any] | None,
+    leaf_fn: Callable[[Any], Any] | None = None,
+    root: torch.Size | None = None,
+    n: int = 0,
+) -> Any:
+    """The one rebuilding walk: a node of ``spec``'s type, keys and metadata (untagged) holding
+    ``take()`` at each leaf in leaf order (``leaf_fn(leaf)`` when ``take`` is None). With ``root``,
+    ``spec`` has ``n`` batch dims and the result's root gets ``root`` in their place, each sub-node
+    ``root`` followed by its own extra batch dims."""
+    data: dict[str, Any] = {}
+    items = iter(spec._data.items())
+    above = []  # (spec, items, data, key) of the levels above, each where it left off
+    while True:
+        for k, v in items:
+            if isinstance(v, Node):
+                above.append((spec, items, data, k))
+                spec, items, data = v, iter(v._data.items()), {}
+                break
+            data[k] = leaf_fn(v) if take is None else take()  # type: ignore[misc]
+        else:
+            meta = spec._meta
+            if root is not None:
+                keys, batch_size, device, _ = meta
+                meta = (keys, root if len(batch_size) == n else torch.Size((*root, *batch_size[n:])), device, NO_TAGS)
+            node = with_meta(type(spec), data, meta)
+            if not above:
+                return node
+            spec, items, data, k = above.pop()
+            data[k] = node
 
 
 def flat_tree(tree: Any) -> tuple[list[Any], Any]:
@@ -76,17 +107,6 @@ def unflat_tree(spec: Any, values: Iterable[Any]) -> Any:
     return unflat(spec, values) if isinstance(spec, Node) else optree.tree_unflatten(spec, values)
 
 
-def _refill_batch(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n: int) -> Node:
-    # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
-    data = {}
-    for k, v in spec._data.items():
-        data[k] = _refill_batch(v, leaf_fn, root, n) if isinstance(v, Node) else leaf_fn(v)
-    keys, batch_size, device, _ = spec._meta
-    if len(batch_size) != n:  # a sub-node's extra batch dims follow the root's new ones
-        root = torch.Size((*root, *batch_size[n:]))
-    return with_meta(type(spec), data, (keys, root, device, NO_TAGS))
-
-
 def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = None) -> Any:
     """A node of ``spec``'s type, keys and metadata holding ``values`` in leaf order (optree's unflatten).
 
@@ -94,25 +114,15 @@ def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = No
     sub-node gets it followed by its own extra batch dims, as :func:`rebuild` gives them; the
     values must fit (nothing is checked). The result is untagged.
     """
-    if batch_size is None:
-        return _refill(spec, iter(values))
-    it = iter(values)
-    return _refill_batch(spec, lambda _: next(it), batch_size, len(spec._meta[1]))
+    take = iter(values).__next__
+    return _refill(spec, take) if batch_size is None else _refill(spec, take, None, batch_size, len(spec._meta[1]))
 
 
 def unflat_scalar(spec: Node, values: Iterable[Any]) -> Any:
     """:func:`unflat` with batch size () at every level, sub-nodes included: a node of per-leaf
     values whose shapes are their own (a leaf's norm). Untagged."""
-    it = iter(values)
     # an n past every batch size, so that no sub-node keeps batch dims of its own
-    return _refill_batch(spec, lambda _: next(it), torch.Size(), sys.maxsize)
-
-
-def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
-    data = {}  # a loop, as in _refill
-    for k, v in spec._data.items():
-        data[k] = _mapped(fn, v) if isinstance(v, Node) else fn(v)
-    return with_meta(type(spec), data, spec._meta)
+    return _refill(spec, iter(values).__next__, None, torch.Size(), sys.maxsize)
 
 
 def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:
@@ -121,7 +131,7 @@ def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:
         # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
         # which mypy reads as a class that no actual tree (tuple, node) is an instance of
         return optree.tree_map(fn, node, *others, namespace=NAMESPACE)  # type: ignore[arg-type]
-    return _mapped(fn, node)
+    return _refill(node, None, fn)
 
 
 def _fits(a: torch.Size, b: torch.Size, skip: int | None) -> bool:
@@ -167,18 +177,28 @@ def check_same_keys(what: str, a: Node, b: Node, skip: int | None = None) -> Non
 def _pair(a: Node, b: Node, out: list[Any], skip: int | None) -> bool:
     """Collect ``b``'s leaves into ``out`` while ``b`` has ``a``'s keys and batch sizes (which may
     differ at batch dim ``skip``); False at the first difference."""
-    ma, mb = a._meta, b._meta
-    if ma[0] != mb[0] or (ma[1] != mb[1] and (skip is None or not _fits(ma[1], mb[1], skip))):
-        return False
-    for v, w in zip(a._data.values(), b._data.values()):
-        if isinstance(v, Node):
-            if not isinstance(w, Node) or not _pair(v, w, out, skip):
+    pairs = None
+    above = []  # the pairs of the levels above, as leaves() walks
+    while True:
+        if pairs is None:  # entering a, b
+            ma, mb = a._meta, b._meta
+            if ma[0] != mb[0] or (ma[1] != mb[1] and (skip is None or not _fits(ma[1], mb[1], skip))):
                 return False
-        elif isinstance(w, Node):
-            return False
+            pairs = zip(a._data.values(), b._data.values())
+        for a, b in pairs:
+            if isinstance(a, Node):
+                if not isinstance(b, Node):
+                    return False
+                above.append(pairs)
+                pairs = None
+                break
+            if isinstance(b, Node):
+                return False
+            out.append(b)
         else:
-            out.append(w)
-    return True
+            if not above:
+                return True
+            pairs = above.pop()
 
 
 def paired_leaves(what: str, node: Node, other: Node, skip: int | None = None) -> list[Any]:
@@ -226,7 +246,7 @@ def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torc
     (:func:`map_leaves` keeps metadata as it is).
     """
     root_size = root_batch if type(root_batch) is torch.Size else torch.Size(root_batch)
-    return _refill_batch(node, leaf_fn, root_size, len(node._meta[1]))
+    return _refill(node, None, leaf_fn, root_size, len(node._meta[1]))
 
 
 def _results(what: str, fn: Callable[..., Any], node: Node, others: tuple[Node, ...], named: bool) -> Any:
