@@ -117,7 +117,7 @@ def rebuild_node(
     """
     if below:
         return _rebuild_tree(((type_name, keys, values, batch_size, device, tag_names), *below))
-    node, tags = _rebuilt(type_name, keys, values, batch_size, device, tag_names)
+    node, tags = _rebuilt((type_name, keys, values, batch_size, device, tag_names))
     return retag(node, tags) if tags else node
 
 
@@ -136,22 +136,16 @@ def _rebuild_tree(levels: tuple[Any, ...]) -> Node:
                 if not built:
                     raise SerializationError(f"cannot unpickle a {level[0]} node: a sub-node is missing")
                 values[i] = built.pop()
-        node, tags = _rebuilt(level[0], level[1], tuple(values), level[3], level[4], level[5])
+        node, tags = _rebuilt((level[0], level[1], tuple(values), *level[3:]))
         built.append(node)
     if len(built) != 1:
         raise SerializationError("cannot unpickle a node: sub-nodes left over that no node holds")
     return retag(built[0], tags) if tags else built[0]
 
 
-def _rebuilt(
-    type_name: str,
-    keys: tuple[str, ...],
-    values: tuple[Any, ...],
-    batch_size: tuple[int, ...],
-    device: str | None,
-    tag_names: tuple[str, ...],
-) -> tuple[Node, frozenset]:
-    """The node of :func:`rebuild_node`'s arguments, untagged, and the tags to write on it."""
+def _rebuilt(args: tuple[Any, ...]) -> tuple[Node, frozenset]:
+    """The node of :func:`rebuild_node`'s first six arguments ``args``, untagged, and the tags to write on it."""
+    type_name, keys, values, batch_size, device, tag_names = args
     root = root_named(type_name)
     if root is None:
         raise SerializationError(f"cannot unpickle a node of unknown type {str(type_name)[:80]!r}")

@@ -286,22 +286,42 @@ def _built(
 ) -> Any:
     """The node ``source``, a mapping at ``path``, becomes: the mappings nested in it found from an
     explicit stack and built deepest first, each level by :func:`build`, so that the depth a node
-    reaches is bounded by memory, as a nested dict's is, not by Python's recursion limit."""
-    levels = []  # (data, parent, key, path), each after its parent
-    todo: list[tuple[Mapping[Any, Any], Any, str, tuple[str, ...]]] = [(source, None, "", path)]
+    reaches is bounded by memory, as a nested dict's is, not by Python's recursion limit.
+
+    A level is built without its path, which only an error names (the paths of a chain cost the
+    square of its depth): a level that fails is checked again with its path, which raises the same
+    error naming the whole key."""
+    levels: list[tuple[Any, Any, str, int]] = []  # (data, parent, key, parent's index)
+    todo: list[tuple[Mapping[Any, Any], Any, str, int]] = [(source, None, "", -1)]
     while todo:
-        mapping, parent, key, at = todo.pop()
+        mapping, parent, key, up = todo.pop()
         data = nest(mapping)  # a copy: the sub-nodes built go into it in place of the mappings
-        levels.append((data, parent, key, at))
+        here = len(levels)
+        levels.append((data, parent, key, up))
         for k, v in data.items():
             if type(v) is dict or (not isinstance(v, _DATA) and isinstance(v, Mapping)):
-                todo.append((v, data, k, (*at, k)))
+                todo.append((v, data, k, here))
     node = None
-    for data, parent, key, at in levels[::-1]:
-        node = build(root, data, batch_size, device, at)
+    for i in range(len(levels) - 1, -1, -1):
+        data, parent, key, _ = levels[i]
+        try:
+            node = build(root, data, batch_size, device, path if i == 0 else ())
+        except Exception:
+            if i:
+                build(root, data, batch_size, device, _path_of(levels, i, path))
+            raise
         if parent is not None:
             parent[key] = node
     return node
+
+
+def _path_of(levels: list[tuple[Any, Any, str, int]], i: int, path: tuple[str, ...]) -> tuple[str, ...]:
+    """The path of ``levels[i]``, below ``path`` (the path of ``levels[0]``)."""
+    parts = []
+    while i > 0:
+        _, _, key, i = levels[i]
+        parts.append(key)
+    return (*path, *parts[::-1])
 
 
 def _checked(
