@@ -206,7 +206,11 @@ def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: tor
             return build(type(value)._root, value._data, value._meta[1], device, path)
         return retag(value, frozenset())
     if type(value) is dict or isinstance(value, Mapping):  # a dict is told apart without the ABC check
-        return _built(root, value, batch_size, device, path)
+        data = nest(value, False)  # build only reads it
+        for v in data.values():
+            if type(v) is dict or (not isinstance(v, _DATA) and isinstance(v, Mapping)):
+                return _built(root, value, batch_size, device, path)  # mappings below: from a stack
+        return build(root, data, batch_size, device, path)
     raise TypeError(
         f"entry {display(path)!r} is a {type(value).__name__}; entries are tensors, nodes or dicts "
         "(wrap numbers with torch.as_tensor)"
