@@ -9,6 +9,9 @@ row times.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import pytest
 import torch
 
@@ -288,6 +291,30 @@ def test_creation_many_keys(benchmark, impl: Impl, num_keys: int) -> None:
     cls = _node_type(impl)
     tensors = {str(i): torch.zeros(3, 4, 5) for i in range(num_keys)}
     assert _nkeys(benchmark(cls, tensors, [3, 4])) == num_keys
+
+
+def _chain(depth: int) -> dict[str, Any]:
+    """Nested dicts ``depth`` levels deep, each holding a leaf ``x`` and, but for the last, ``n``."""
+    d: dict[str, Any] = {"x": torch.zeros(3)}
+    for _ in range(depth - 1):
+        d = {"n": d, "x": torch.zeros(3)}
+    return d
+
+
+@pytest.mark.pytree
+@pytest.mark.parametrize("shape", ["deep", "wide"])
+def test_creation_from_dicts(benchmark, impl: Impl, shape: str) -> None:
+    """A node from nested dicts 1,024 levels deep (a leaf a level) or 1,024 keys wide (pytree: a
+    recursive copy of the dicts, the floor creation per level is held to). Run under a recursion limit
+    a 1,024-level recursion fits in, which tensordict and the floor need and tdtree does not."""
+    source = _chain(1024) if shape == "deep" else {f"k{i:04d}": torch.zeros(3) for i in range(1024)}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20_000))
+    try:
+        out = benchmark(impl.node, source, ())
+    finally:
+        sys.setrecursionlimit(limit)
+    assert _nkeys(out) == (2 if shape == "deep" else 1024)
 
 
 @pytest.mark.parametrize("num_keys", [10, 50])

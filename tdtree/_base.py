@@ -285,7 +285,9 @@ def _make_tagged_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> A
     return _traced(object.__new__(cls), data, meta)
 
 
-def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any]) -> Any:
+def retagged(
+    node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any], depth: int = 0
+) -> Any:
     """``node`` with every node of its tree carrying exactly ``tags``, or None when every one already
     does. A node is rebuilt only when it or a node below it changes; leaves and unchanged sub-trees are
     shared. ``cls`` is the type of ``node``'s root type with ``tags`` (the root type itself for none)
@@ -293,8 +295,12 @@ def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[ty
     node of another root type.
 
     The tree factory that writes tags: only :func:`tdtree._tags.retag` calls it. One call for the
-    whole tree, where a factory call per node cost about what the node's own writes do.
+    whole tree, where a factory call per node cost about what the node's own writes do. It recurses
+    one frame a level (the common, shallow trees); a sub-tree below ``_DEEP`` levels is retagged from
+    an explicit stack, so a tree as deep as a nested dict gets is retagged at any recursion depth.
     """
+    if depth == _DEEP:
+        return _retagged_deep(node, cls, tags, variant)
     data = node._data
     new = None
     # a node of plain tensors alone (a flat node, each level of a nested one) is told by a count in C:
@@ -305,7 +311,7 @@ def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[ty
     for k, v in entries:
         if type(v) is _Tensor or not isinstance(v, Node):
             continue
-        out = retagged(v, cls, tags, variant)
+        out = retagged(v, cls, tags, variant, depth + 1)
         if out is not None:
             if new is None:  # the first changed sub-node: copy the entries once
                 new = data.copy()
@@ -315,19 +321,55 @@ def retagged(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[ty
             return None
         # a node's entries never change once built, so an unchanged dict is shared, as a shallow clone shares it
         new = data
+    return _tagged_copy(node, new, cls, tags, variant)
+
+
+def _tagged_copy(
+    node: Node, data: dict[str, Any], cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any]
+) -> Any:
+    """``node`` holding ``data``, of the type :func:`retagged` gives it for ``tags``."""
     keys, batch_size, device, _ = node._meta
     kind, own = cls, tags
     if type(node)._root is not cls._root:
         kind = variant(type(node)._root, tags)
         own = kind._tags if tags else tags  # a tagged type's own tags, as cls's are
     out = _new(kind)
-    _set_data(out, new)
+    _set_data(out, data)
     _set_meta(out, (keys, batch_size, device, own))
     return out
 
 
+_DEEP = 64  # levels retagged by recursion before the explicit stack takes over
+
+
+def _retagged_deep(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any]) -> Any:
+    """:func:`retagged` from an explicit stack: the nodes listed parents first, then rebuilt in reverse
+    (every sub-node before the node holding it), each as :func:`retagged` rebuilds it."""
+    order = [node]
+    for n in order:  # the list grows as it is read: every node of the tree, each after its parent
+        order.extend(v for v in n._data.values() if type(v) is not _Tensor and isinstance(v, Node))
+    done: dict[int, Any] = {}  # id of a node -> its retagged copy, for those that change
+    for n in order[::-1]:
+        data = n._data
+        new = None
+        for k, v in data.items():
+            out = done.get(id(v))
+            if out is not None:
+                if new is None:
+                    new = data.copy()
+                new[k] = out
+        if new is None:
+            if type(n)._tags == tags:
+                continue
+            new = data
+        done[id(n)] = _tagged_copy(n, new, cls, tags, variant)
+    return done.get(id(node))
+
+
 @substitute_in_graph(retagged)
-def _retagged_traced(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any]) -> Any:
+def _retagged_traced(
+    node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any], depth: int = 0
+) -> Any:
     data = node._data
     new = None
     for k, v in data.items():

@@ -317,7 +317,7 @@ def flatten_keys(node: NodeT, sep: str = ".") -> NodeT:
         KeyCollisionError: two keys join to the same name (both named).
     """
     out: dict[str, Any] = {}
-    name = _flat_into(node, "", sep, out)
+    name = _flat_into(node, sep, out)
     if name is not None:  # the keys behind a clash are found again only for the error
         clash = [key for key, x in walk(node, True, False) if _joined(key, sep) == name and not _expands(x)]
         raise KeyCollisionError(f"flatten_keys: {clash[-1]!r} and {clash[0]!r} both become {name!r}")
@@ -325,22 +325,28 @@ def flatten_keys(node: NodeT, sep: str = ".") -> NodeT:
     return make(type(node), sorted_data(out), batch_size, device)
 
 
-def _flat_into(level: Node, prefix: str, sep: str, out: dict[str, Any]) -> str | None:
-    """Put the entries below ``level`` into ``out`` under their joined names; the first name two
+def _flat_into(node: Node, sep: str, out: dict[str, Any]) -> str | None:
+    """Put the entries below ``node`` into ``out`` under their joined names; the first name two
     entries join to, else None. Names grow by the prefix of their level (a join of the whole key per
-    leaf costs its depth). A module function, not a closure: a closure calling itself holds itself
-    through its cell, a cycle only the garbage collector frees."""
-    for k, v in level._data.items():
-        if isinstance(v, Node) and v._data:  # told inline, as _expands tells it
-            clash = _flat_into(v, prefix + k + sep, sep, out)
-            if clash is not None:
-                return clash
-            continue
-        name = prefix + k
-        if name in out:
-            return name
-        out[name] = v
-    return None
+    leaf costs its depth). Walked from an explicit stack of the levels above, as ``_lookup.walk``
+    walks: any depth a nested dict gets."""
+    prefix = ""
+    items = iter(node._data.items())
+    above = []  # (prefix, items) of the levels above, each where it left off
+    while True:
+        for k, v in items:
+            if isinstance(v, Node) and v._data:  # told inline, as _expands tells it
+                above.append((prefix, items))
+                prefix, items = prefix + k + sep, iter(v._data.items())
+                break
+            name = prefix + k
+            if name in out:
+                return name
+            out[name] = v
+        else:
+            if not above:
+                return None
+            prefix, items = above.pop()
 
 
 def _expands(value: Any) -> bool:

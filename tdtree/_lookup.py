@@ -108,45 +108,42 @@ def contains(node: Node, key: object) -> bool:
 
 def walk(node: Node, include_nested: bool, leaves_only: bool) -> list[tuple[NestedKey, Any]]:
     """(key, value) pairs depth first in canonical order, a sub-node's key before its children's."""
-    out: list[tuple[NestedKey, Any]] = []
-    _visit(node, (), include_nested, leaves_only, out)
+    out: list[Any] = []
+    _visit(node, include_nested, leaves_only, False, out)
     return out
-
-
-def _visit(level: Node, prefix: tuple[str, ...], nested: bool, leaves: bool, out: list[tuple[NestedKey, Any]]) -> None:
-    # A module function, not a closure: a closure calling itself holds itself through its cell, a
-    # cycle that only the garbage collector frees, so every walk would leave one behind for it.
-    for k, v in level._data.items():
-        # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
-        # its str, spelled where it is appended (a local holding it cost more)
-        path = prefix + (k,)
-        if isinstance(v, Node):
-            if not leaves:
-                out.append((path if prefix else k, v))
-            if nested:
-                _visit(v, path, nested, leaves, out)
-        else:
-            out.append((path if prefix else k, v))
 
 
 def walk_keys(node: Node, include_nested: bool, leaves_only: bool) -> list[NestedKey]:
     """The keys of :func:`walk` alone, in its order: no (key, value) pair is built to be taken apart."""
-    out: list[NestedKey] = []
-    _visit_keys(node, (), include_nested, leaves_only, out)
+    out: list[Any] = []
+    _visit(node, include_nested, leaves_only, True, out)
     return out
 
 
-def _visit_keys(level: Node, prefix: tuple[str, ...], nested: bool, leaves: bool, out: list[NestedKey]) -> None:
-    # as _visit, appending keys alone
-    for k, v in level._data.items():
-        path = prefix + (k,)
-        if isinstance(v, Node):
-            if not leaves:
-                out.append(path if prefix else k)
-            if nested:
-                _visit_keys(v, path, nested, leaves, out)
+def _visit(node: Node, nested: bool, leaves: bool, keys_only: bool, out: list[Any]) -> None:
+    # From an explicit stack of the levels above, not by recursion: a node is as deep as a nested dict
+    # gets, at any recursion depth of the caller.
+    prefix: tuple[str, ...] = ()
+    items = iter(node._data.items())
+    above = []  # (prefix, items) of the levels above, each where it left off
+    while True:
+        for k, v in items:
+            # prefix + (k,) is one new tuple ((*prefix, k) builds a list and copies it); a top-level key is
+            # its str, spelled where it is appended (a local holding it cost more)
+            path = prefix + (k,)
+            if isinstance(v, Node):
+                if not leaves:
+                    out.append((path if prefix else k) if keys_only else (path if prefix else k, v))
+                if nested:
+                    above.append((prefix, items))
+                    prefix, items = path, iter(v._data.items())
+                    break
+            else:
+                out.append((path if prefix else k) if keys_only else (path if prefix else k, v))
         else:
-            out.append(path if prefix else k)
+            if not above:
+                return
+            prefix, items = above.pop()
 
 
 class NestedKeysView(KeysView):
@@ -494,4 +491,15 @@ def without(node: NodeT, paths: list[tuple[str, ...]]) -> NodeT:
 
 def to_dict(node: Node) -> dict[str, Any]:
     """Nested plain dicts of the node's tensors (the same tensor objects)."""
-    return {k: to_dict(v) if isinstance(v, Node) else v for k, v in node._data.items()}
+    out: dict[str, Any] = {}
+    todo = [(node, out)]  # an explicit stack, as _visit walks: any depth a nested dict gets
+    while todo:
+        level, into = todo.pop()
+        for k, v in level._data.items():
+            if isinstance(v, Node):
+                sub: dict[str, Any] = {}
+                into[k] = sub
+                todo.append((v, sub))
+            else:
+                into[k] = v
+    return out

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import optree
@@ -37,17 +37,20 @@ __all__ = [
 
 # optree reaches a node's children through a Python callback and checks every tensor leaf
 # against its registry (~0.35 us a leaf here); nodes hold only tensors and nodes, so the
-# traversals below walk ``_data`` directly and keep the node itself as the structure.
+# traversals below walk ``_data`` directly and keep the node itself as the structure. They walk
+# from an explicit stack of the levels above, not by recursion: a node is as deep as a nested dict
+# gets, at any recursion depth of the caller; a flat node never touches the stack.
 #
-# Compiled code runs traced twins of the recursive walks (registered with substitute_in_graph), each
-# one loop over an explicit stack: dynamo inlines every Python call as a frame of its own, a dozen
-# interpreter frames deep, so a recursive walk runs out of Python's recursion limit at a few dozen
-# levels, where dynamo handles a plain dict of any depth it can rebuild without inlining a walk.
+# Compiled code runs traced twins of the walks (registered with substitute_in_graph), each one loop
+# over a stack of plain lists: dynamo inlines every Python call as a frame of its own, a dozen
+# interpreter frames deep, and the twins also build each result node with a fresh metadata tuple and
+# the top's type, where reading them from a deep spec node makes dynamo emit code that reaches them
+# by a path as deep as the tree.
 
 
 def _rebuilt_traced(spec: Node, leaf_fn: Callable[[Any], Any], meta_of: Callable[[Node], tuple]) -> Node:
     """A node of ``spec``'s keys with ``leaf_fn(leaf)`` at every leaf, called in canonical order, and
-    each node untagged with the metadata ``meta_of(node)``: the rebuilding walks' traced twin."""
+    each node untagged with the metadata ``meta_of(node)``: the rebuilding walk's traced twin."""
     # one frame per node on the path being walked: [node, its entries, the next entry's index, new data]
     stack: list[list[Any]] = [[spec, list(spec._data.items()), 0, {}]]
     root = type(spec)._root
@@ -64,8 +67,6 @@ def _rebuilt_traced(spec: Node, leaf_fn: Callable[[Any], Any], meta_of: Callable
             continue
         stack.pop()
         node = frame[0]
-        # the top's type for a node of the same root type: dynamo writes a result's type into the
-        # code it emits by the path it was read from, and a deep node's type is read a path as deep
         kind = type(node)._root
         built = with_meta(root if kind is root else kind, frame[3], meta_of(node))
         if not stack:
@@ -74,16 +75,27 @@ def _rebuilt_traced(spec: Node, leaf_fn: Callable[[Any], Any], meta_of: Callable
         parent[3][parent[1][parent[2] - 1][0]] = built
 
 
-def _collect(node: Node, out: list[Any]) -> None:
-    for v in node._data.values():
-        if isinstance(v, Node):
-            _collect(v, out)
-        else:
+def leaves(node: Node) -> list[Any]:
+    """The node's leaves in canonical order (depth first, keys sorted): optree's order."""
+    out: list[Any] = []
+    values = iter(node._data.values())
+    above = []  # the iterators of the levels above, each where it left off
+    while True:
+        for v in values:
+            if isinstance(v, Node):
+                above.append(values)
+                values = iter(v._data.values())
+                break
             out.append(v)
+        else:
+            if not above:
+                return out
+            values = above.pop()
 
 
-@substitute_in_graph(_collect)
-def _collect_traced(node: Node, out: list[Any]) -> None:
+@substitute_in_graph(leaves)
+def _leaves_traced(node: Node) -> list[Any]:
+    out: list[Any] = []
     stack: list[Any] = list(node._data.values())[::-1]
     while stack:
         v = stack.pop()
@@ -91,12 +103,6 @@ def _collect_traced(node: Node, out: list[Any]) -> None:
             stack.extend(list(v._data.values())[::-1])
         else:
             out.append(v)
-
-
-def leaves(node: Node) -> list[Any]:
-    """The node's leaves in canonical order (depth first, keys sorted): optree's order."""
-    out: list[Any] = []
-    _collect(node, out)
     return out
 
 
@@ -105,21 +111,55 @@ def flat(node: Node) -> tuple[list[Any], Node]:
     return leaves(node), node
 
 
-def _refill(spec: Node, it: Iterator[Any]) -> Node:
-    data = {}  # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
-    for k, v in spec._data.items():
-        data[k] = _refill(v, it) if isinstance(v, Node) else next(it)
-    return with_meta(type(spec), data, spec._meta)
-
-
-def _own_meta(node: Node) -> tuple:
-    keys, batch_size, device, _ = node._meta
-    return (keys, batch_size, device, NO_TAGS)
+def _refill(
+    spec: Node,
+    take: Callable[[], Any] | None,
+    leaf_fn: Callable[[Any], Any] | None = None,
+    root: torch.Size | None = None,
+    n: int = 0,
+) -> Any:
+    """The one rebuilding walk: a node of ``spec``'s type, keys and metadata (untagged) holding
+    ``take()`` at each leaf in leaf order (``leaf_fn(leaf)`` when ``take`` is None). With ``root``,
+    ``spec`` has ``n`` batch dims and the result's root gets ``root`` in their place, each sub-node
+    ``root`` followed by its own extra batch dims."""
+    data: dict[str, Any] = {}
+    items = iter(spec._data.items())
+    above = []  # (spec, items, data, key) of the levels above, each where it left off
+    while True:
+        for k, v in items:
+            if isinstance(v, Node):
+                above.append((spec, items, data, k))
+                spec, items, data = v, iter(v._data.items()), {}
+                break
+            data[k] = leaf_fn(v) if take is None else take()  # type: ignore[misc]
+        else:
+            meta = spec._meta
+            if root is not None:
+                keys, batch_size, device, _ = meta
+                meta = (keys, root if len(batch_size) == n else torch.Size((*root, *batch_size[n:])), device, NO_TAGS)
+            node = with_meta(type(spec), data, meta)
+            if not above:
+                return node
+            spec, items, data, k = above.pop()
+            data[k] = node
 
 
 @substitute_in_graph(_refill)
-def _refill_traced(spec: Node, it: Iterator[Any]) -> Node:
-    return _rebuilt_traced(spec, lambda _: next(it), _own_meta)
+def _refill_traced(
+    spec: Node,
+    take: Callable[[], Any] | None,
+    leaf_fn: Callable[[Any], Any] | None = None,
+    root: torch.Size | None = None,
+    n: int = 0,
+) -> Any:
+    def meta_of(node: Node) -> tuple:
+        keys, batch_size, device, _ = node._meta
+        if root is not None:
+            batch_size = root if len(batch_size) == n else torch.Size((*root, *batch_size[n:]))
+        return (keys, batch_size, device, NO_TAGS)
+
+    fn = leaf_fn if take is None else (lambda _: take())  # type: ignore[misc]
+    return _rebuilt_traced(spec, fn, meta_of)  # type: ignore[arg-type]
 
 
 def flat_tree(tree: Any) -> tuple[list[Any], Any]:
@@ -132,27 +172,6 @@ def unflat_tree(spec: Any, values: Iterable[Any]) -> Any:
     return unflat(spec, values) if isinstance(spec, Node) else optree.tree_unflatten(spec, values)
 
 
-def _refill_batch(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n: int) -> Node:
-    # a loop, not a dict comprehension: the comprehension is a call of its own (before Python 3.12)
-    data = {}
-    for k, v in spec._data.items():
-        data[k] = _refill_batch(v, leaf_fn, root, n) if isinstance(v, Node) else leaf_fn(v)
-    keys, batch_size, device, _ = spec._meta
-    if len(batch_size) != n:  # a sub-node's extra batch dims follow the root's new ones
-        root = torch.Size((*root, *batch_size[n:]))
-    return with_meta(type(spec), data, (keys, root, device, NO_TAGS))
-
-
-@substitute_in_graph(_refill_batch)
-def _refill_batch_traced(spec: Node, leaf_fn: Callable[[Any], Any], root: torch.Size, n: int) -> Node:
-    def meta_of(node: Node) -> tuple:
-        keys, batch_size, device, _ = node._meta
-        size = root if len(batch_size) == n else torch.Size((*root, *batch_size[n:]))
-        return (keys, size, device, NO_TAGS)
-
-    return _rebuilt_traced(spec, leaf_fn, meta_of)
-
-
 def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = None) -> Any:
     """A node of ``spec``'s type, keys and metadata holding ``values`` in leaf order (optree's unflatten).
 
@@ -160,30 +179,15 @@ def unflat(spec: Node, values: Iterable[Any], batch_size: torch.Size | None = No
     sub-node gets it followed by its own extra batch dims, as :func:`rebuild` gives them; the
     values must fit (nothing is checked). The result is untagged.
     """
-    if batch_size is None:
-        return _refill(spec, iter(values))
-    it = iter(values)
-    return _refill_batch(spec, lambda _: next(it), batch_size, len(spec._meta[1]))
+    take = iter(values).__next__
+    return _refill(spec, take) if batch_size is None else _refill(spec, take, None, batch_size, len(spec._meta[1]))
 
 
 def unflat_scalar(spec: Node, values: Iterable[Any]) -> Any:
     """:func:`unflat` with batch size () at every level, sub-nodes included: a node of per-leaf
     values whose shapes are their own (a leaf's norm). Untagged."""
-    it = iter(values)
     # an n past every batch size, so that no sub-node keeps batch dims of its own
-    return _refill_batch(spec, lambda _: next(it), torch.Size(), sys.maxsize)
-
-
-def _mapped(fn: Callable[[Any], Any], spec: Node) -> Node:
-    data = {}  # a loop, as in _refill
-    for k, v in spec._data.items():
-        data[k] = _mapped(fn, v) if isinstance(v, Node) else fn(v)
-    return with_meta(type(spec), data, spec._meta)
-
-
-@substitute_in_graph(_mapped)
-def _mapped_traced(fn: Callable[[Any], Any], spec: Node) -> Node:
-    return _rebuilt_traced(spec, fn, _own_meta)
+    return _refill(spec, iter(values).__next__, None, torch.Size(), sys.maxsize)
 
 
 def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:
@@ -192,7 +196,7 @@ def map_leaves(fn: Callable[..., Any], node: Node, *others: Node) -> Any:
         # optree's stub is wrong here: it types a tree as PyTree[T], a union optree builds at runtime,
         # which mypy reads as a class that no actual tree (tuple, node) is an instance of
         return optree.tree_map(fn, node, *others, namespace=NAMESPACE)  # type: ignore[arg-type]
-    return _mapped(fn, node)
+    return _refill(node, None, fn)
 
 
 def _fits(a: torch.Size, b: torch.Size, skip: int | None) -> bool:
@@ -238,18 +242,28 @@ def check_same_keys(what: str, a: Node, b: Node, skip: int | None = None) -> Non
 def _pair(a: Node, b: Node, out: list[Any], skip: int | None) -> bool:
     """Collect ``b``'s leaves into ``out`` while ``b`` has ``a``'s keys and batch sizes (which may
     differ at batch dim ``skip``); False at the first difference."""
-    ma, mb = a._meta, b._meta
-    if ma[0] != mb[0] or (ma[1] != mb[1] and (skip is None or not _fits(ma[1], mb[1], skip))):
-        return False
-    for v, w in zip(a._data.values(), b._data.values()):
-        if isinstance(v, Node):
-            if not isinstance(w, Node) or not _pair(v, w, out, skip):
+    pairs = None
+    above = []  # the pairs of the levels above, as leaves() walks
+    while True:
+        if pairs is None:  # entering a, b
+            ma, mb = a._meta, b._meta
+            if ma[0] != mb[0] or (ma[1] != mb[1] and (skip is None or not _fits(ma[1], mb[1], skip))):
                 return False
-        elif isinstance(w, Node):
-            return False
+            pairs = zip(a._data.values(), b._data.values())
+        for a, b in pairs:
+            if isinstance(a, Node):
+                if not isinstance(b, Node):
+                    return False
+                above.append(pairs)
+                pairs = None
+                break
+            if isinstance(b, Node):
+                return False
+            out.append(b)
         else:
-            out.append(w)
-    return True
+            if not above:
+                return True
+            pairs = above.pop()
 
 
 @substitute_in_graph(_pair)
@@ -316,7 +330,7 @@ def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torc
     (:func:`map_leaves` keeps metadata as it is).
     """
     root_size = root_batch if type(root_batch) is torch.Size else torch.Size(root_batch)
-    return _refill_batch(node, leaf_fn, root_size, len(node._meta[1]))
+    return _refill(node, None, leaf_fn, root_size, len(node._meta[1]))
 
 
 def _results(what: str, fn: Callable[..., Any], node: Node, others: tuple[Node, ...], named: bool) -> Any:

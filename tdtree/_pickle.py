@@ -54,22 +54,46 @@ _LEAF_TYPES = (torch.Tensor, nn.Parameter)
 def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
     """Pickle support (``__reduce__``): :func:`rebuild_node` and the node's metadata and leaves (a Memmap
     node's leaves as references to their files), so a pickle rebuilds a node with the same tags; a
-    Memmap node holding a copy-on-write leaf anywhere reduces as its ``clone()`` (untagged, by value)."""
-    root = type(node)._root
+    Memmap node holding a copy-on-write leaf anywhere reduces as its ``clone()`` (untagged, by value).
+
+    A node holding sub-nodes reduces as one flat list of levels (:func:`_levels`), not as nested
+    reductions: pickle recurses several C frames for each nested reduction, so a tree reduced level in
+    level would stop pickling far above the depth a node reaches."""
+    if Memmap in node._meta[3] and _holds_private(node):
+        node = clone(node)
+    levels = _levels(node)
+    return rebuild_node, (*levels[0], tuple(levels[1:])) if len(levels) > 1 else levels[0]
+
+
+def _level(node: Node, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``node``'s arguments to :func:`rebuild_node` holding ``values`` (a Memmap node's leaves as references)."""
     keys, batch_size, device, tags = node._meta
-    if Memmap in tags and _holds_private(node):
-        return reduce_node(clone(node))
-    values = tuple(node._data.values())
     if Memmap in tags:
-        values = tuple(v if isinstance(v, Node) else reference(v) for v in values)
-    return rebuild_node, (
-        name_of(root),
+        values = tuple(v if v is None or isinstance(v, Node) else reference(v) for v in values)
+    return (
+        name_of(type(node)._root),
         keys,
         values,
         tuple(batch_size),
         None if device is None else str(device),
         tuple(sorted(t.name for t in tags)),
     )
+
+
+def _levels(node: Node) -> list[tuple[Any, ...]]:
+    """The arguments of :func:`rebuild_node` for every node of the tree, parents first (depth first,
+    keys in order), each sub-node's value None in its parent's: what :func:`_rebuild_tree` takes."""
+    out = []
+    todo = [node]
+    while todo:
+        level = todo.pop()
+        values = tuple(level._data.values())
+        subs = [v for v in values if isinstance(v, Node)]
+        if subs:
+            values = tuple(None if isinstance(v, Node) else v for v in values)
+            todo.extend(subs[::-1])  # the first sub-node next
+        out.append(_level(level, values))
+    return out
 
 
 def rebuild_node(
@@ -79,6 +103,7 @@ def rebuild_node(
     batch_size: tuple[int, ...],
     device: str | None,
     tag_names: tuple[str, ...],
+    below: tuple[tuple[Any, ...], ...] = (),
 ) -> Node:
     """The node :func:`reduce_node` reduced, after the public constructor's validation.
 
@@ -86,8 +111,41 @@ def rebuild_node(
     anything: keys must be unique, sorted strs, one per value, each a plain
     tensor, an ``nn.Parameter`` or a node; the batch size
     must fit every leaf; tags and the node type must be known. Anything else
-    raises SerializationError.
+    raises SerializationError. ``below``: the sub-nodes' own arguments, parents first, each one's
+    place in its parent's values None (a tree reduced flat); pickles written before it hold each
+    sub-node in its place.
     """
+    if below:
+        return _rebuild_tree(((type_name, keys, values, batch_size, device, tag_names), *below))
+    node, tags = _rebuilt((type_name, keys, values, batch_size, device, tag_names))
+    return retag(node, tags) if tags else node
+
+
+def _rebuild_tree(levels: tuple[Any, ...]) -> Node:
+    """The tree :func:`_levels` listed, each level checked by :func:`_rebuilt`, deepest first: a
+    level's sub-nodes are the last ones built. The top's tags are then written on every node of the
+    tree, as unpickling a tree reduced level in level does."""
+    built: list[Node] = []
+    tags: frozenset = frozenset()
+    for level in levels[::-1]:
+        if type(level) is not tuple or len(level) != 6 or type(level[2]) is not tuple:
+            raise SerializationError("cannot unpickle a node: malformed sub-node arguments")
+        values = list(level[2])
+        for i, v in enumerate(values):
+            if v is None:
+                if not built:
+                    raise SerializationError(f"cannot unpickle a {level[0]} node: a sub-node is missing")
+                values[i] = built.pop()
+        node, tags = _rebuilt((level[0], level[1], tuple(values), *level[3:]))
+        built.append(node)
+    if len(built) != 1:
+        raise SerializationError("cannot unpickle a node: sub-nodes left over that no node holds")
+    return retag(built[0], tags) if tags else built[0]
+
+
+def _rebuilt(args: tuple[Any, ...]) -> tuple[Node, frozenset]:
+    """The node of :func:`rebuild_node`'s first six arguments ``args``, untagged, and the tags to write on it."""
+    type_name, keys, values, batch_size, device, tag_names = args
     root = root_named(type_name)
     if root is None:
         raise SerializationError(f"cannot unpickle a node of unknown type {str(type_name)[:80]!r}")
@@ -134,8 +192,7 @@ def rebuild_node(
     # built only validates (it would untag tagged sub-nodes, which keep their tags); the claims are
     # true again (above), so the tags are written back: unpickling is one of retag's callers
     found = recorded if recorded is not None else built._meta[2]
-    node = make(root, dict(zip(keys, values)), built._meta[1], found)
-    return retag(node, tags) if tags else node
+    return make(root, dict(zip(keys, values)), built._meta[1], found), tags
 
 
 def deepcopy_node(node: Node, memo: dict[int, Any]) -> Any:

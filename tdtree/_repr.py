@@ -18,19 +18,36 @@ def _leaf(t: torch.Tensor) -> str:
 
 def node_repr(node: Node, indent: int = 0) -> str:
     """``TypeName(fields={...}, batch_size=(...), device=...)``, one field a line."""
+    # from an explicit stack of the levels above, not by recursion: any depth a nested dict gets
+    lines: list[str] = []
+    above: list[tuple[Node, Any, int]] = []
+    items = _opened(node, indent, f"{type(node).__name__}(", lines)
+    while True:
+        pad = " " * (indent + 4)
+        for k, v in items:
+            if isinstance(v, Node):
+                above.append((node, items, indent))
+                node, indent = v, indent + 8
+                items = _opened(v, indent, f"{pad}    {k}: {type(v).__name__}(", lines)
+                break
+            lines.append(f"{pad}    {k}: {_leaf(v)},")
+        else:
+            if node._data:
+                lines.append(f"{pad}}},")
+            _, batch_size, device, _ = node._meta
+            lines += [f"{pad}batch_size={tuple(batch_size)},", f"{pad}device={device}", " " * indent + ")"]
+            if not above:
+                return "\n".join(lines)
+            lines[-1] += ","
+            node, items, indent = above.pop()
+
+
+def _opened(node: Node, indent: int, first: str, lines: list[str]) -> Any:
+    """The lines that open ``node``'s repr put in ``lines``; its entries, to be written next."""
     pad = " " * (indent + 4)
-    lines = [f"{type(node).__name__}("]
-    if node._data:
-        lines.append(f"{pad}fields={{")
-        for k, v in node._data.items():
-            text = node_repr(v, indent + 8) if isinstance(v, Node) else _leaf(v)
-            lines.append(f"{pad}    {k}: {text},")
-        lines.append(f"{pad}}},")
-    else:
-        lines.append(f"{pad}fields={{}},")
-    _, batch_size, device, _ = node._meta
-    lines += [f"{pad}batch_size={tuple(batch_size)},", f"{pad}device={device}", " " * indent + ")"]
-    return "\n".join(lines)
+    lines.append(first)
+    lines.append(f"{pad}fields={{" if node._data else f"{pad}fields={{}},")
+    return iter(node._data.items())
 
 
 def _value(value: Any, indent: int) -> str:

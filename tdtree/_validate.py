@@ -207,7 +207,11 @@ def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: tor
             return build(type(value)._root, value._data, value._meta[1], device, path)
         return retag(value, frozenset())
     if type(value) is dict or isinstance(value, Mapping):  # a dict is told apart without the ABC check
-        return build(root, nest(value, False), batch_size, device, path)  # build only reads it
+        data = nest(value, False)  # build only reads it
+        for v in data.values():
+            if type(v) is dict or (not isinstance(v, _DATA) and isinstance(v, Mapping)):
+                return _built(root, value, batch_size, device, path)  # mappings below: from a stack
+        return build(root, data, batch_size, device, path)
     raise TypeError(
         f"entry {display(path)!r} is a {type(value).__name__}; entries are tensors, nodes or dicts "
         "(wrap numbers with torch.as_tensor)"
@@ -315,8 +319,51 @@ def build(
     return make(root, data, batch_size, device)
 
 
+def _built(
+    root: type, source: Mapping[Any, Any], batch_size: torch.Size, device: torch.device | None, path: tuple[str, ...]
+) -> Any:
+    """The node ``source``, a mapping at ``path``, becomes: the mappings nested in it found from an
+    explicit stack and built deepest first, each level by :func:`build`, so that the depth a node
+    reaches is bounded by memory, as a nested dict's is, not by Python's recursion limit.
+
+    A level is built without its path, which only an error names (the paths of a chain cost the
+    square of its depth): a level that fails is checked again with its path, which raises the same
+    error naming the whole key."""
+    levels: list[tuple[Any, Any, str, int]] = []  # (data, parent, key, parent's index)
+    todo: list[tuple[Mapping[Any, Any], Any, str, int]] = [(source, None, "", -1)]
+    while todo:
+        mapping, parent, key, up = todo.pop()
+        data = nest(mapping)  # a copy: the sub-nodes built go into it in place of the mappings
+        here = len(levels)
+        levels.append((data, parent, key, up))
+        for k, v in data.items():
+            if type(v) is dict or (not isinstance(v, _DATA) and isinstance(v, Mapping)):
+                todo.append((v, data, k, here))
+    node = None
+    for i in range(len(levels) - 1, -1, -1):
+        data, parent, key, _ = levels[i]
+        try:
+            node = build(root, data, batch_size, device, path if i == 0 else ())
+        except Exception:
+            if i:
+                build(root, data, batch_size, device, _path_of(levels, i, path))
+            raise
+        if parent is not None:
+            parent[key] = node
+    return node
+
+
+def _path_of(levels: list[tuple[Any, Any, str, int]], i: int, path: tuple[str, ...]) -> tuple[str, ...]:
+    """The path of ``levels[i]``, below ``path`` (the path of ``levels[0]``)."""
+    parts = []
+    while i > 0:
+        _, _, key, i = levels[i]
+        parts.append(key)
+    return (*path, *parts[::-1])
+
+
 def _checked(
-    root: type,
+    root: type[Node],
     data: Mapping[str, Any],
     batch_size: torch.Size,
     device: torch.device | None,
@@ -326,10 +373,10 @@ def _checked(
     """``data`` validated, in canonical key order (``ordered``: ``data``'s own order is that), and the
     node's device."""
     n = len(batch_size)
-    checked = {}
+    checked: dict[str, Any] = {}
     plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
     # The device leaves must be on: the one given, else the first leaf's (CPU as the one CPU object).
-    found = CPU if device is not None and device == CPU else device
+    found: torch.device | None = CPU if device is not None and device == CPU else device
     # A shape s starts with batch_size (one dim or more) exactly when batch_size <= s < hi, as tuples
     # compare: two comparisons in C stand for reading and comparing each batch dim. They compare batch
     # dims only, never a leaf's other dims: under torch.compile with dynamic shapes each comparison of
@@ -354,6 +401,20 @@ def _checked(
                 checked[k] = v
                 continue
             if device is None:  # leaves on different devices: settle_device decides
+                plain = False
+                checked[k] = v
+                continue
+        elif type(v) is root and v._meta[2] is not None and (not n or batch_size <= v._meta[1] < hi):
+            # an untagged node of this type (its sub-nodes untagged too, by the tag invariant) with a
+            # device: kept as it is, as _plain_record keeps it, without a walk of its tree (which a deep
+            # one would not survive)
+            held = v._meta[2]
+            if found is None:
+                found = CPU if held == CPU else held
+            if held == found:
+                checked[k] = v
+                continue
+            if device is None:
                 plain = False
                 checked[k] = v
                 continue
