@@ -397,8 +397,8 @@ def memo(node: Node, compute: Callable[[Node], Any]) -> Any:
 
     A node never changes, so what is derived from its leaves stays true; the value is kept with the
     ``_data`` dict it was derived from and worked out again if the constructor ever refills the node.
-    Eager code only: under ``torch.compile`` it runs where dynamo does not trace (the tag rule's
-    ``nonstrict_trace`` check), on nodes rebuilt for that call.
+    Eager code only: under ``torch.compile`` the tag rule runs a traced twin that keeps nothing on
+    the nodes, which are rebuilt for each call.
     """
     data = node._data
     try:

@@ -30,7 +30,14 @@ import torch
 from ._base import FEW, NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, memo, retagged
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
-from ._torch_private import holds_data, nonstrict_trace, storage_id, storage_ids, storages
+from ._torch_private import (
+    answered_while_tracing,
+    holds_data,
+    storage_id,
+    storage_ids,
+    storages,
+    substitute_in_graph,
+)
 
 __all__ = [
     "Tag",
@@ -121,7 +128,6 @@ def _fresh(leaves: list[torch.Tensor], known: list[_Known]) -> bool:
     return False
 
 
-@nonstrict_trace
 def _new_storages(results: list[list[torch.Tensor]], inputs: list[Node]) -> list[bool]:
     """For each leaf list of ``results``: whether a leaf holds data (a ``storage_key``) none of the
     nodes ``inputs`` has.
@@ -129,15 +135,21 @@ def _new_storages(results: list[list[torch.Tensor]], inputs: list[Node]) -> list
     What the rule needs of an input node is worked out once per node and kept on it (``memo``: a
     node never changes), so an operation pays for the leaves of its result, not of its inputs.
     """
-    # nonstrict_trace: under torch.compile dynamo runs this on the fake tensors
-    # at trace time (fakes keep their storages' identity) and keeps the bools as
-    # constants, so the rule adds no graph break; in eager it is a plain call.
-    # Dynamo's graph keeps a call of it whose result nothing reads: AOTAutograd
-    # traces that to nothing (inductor and aot_eager never call it again), and
-    # only the "eager" backend, which runs dynamo's graph as it is, calls it per run
-    # (on nodes rebuilt for the call, so nothing is kept between runs).
     known = [memo(n, _Known) for n in inputs]
     return [_fresh(leaves, known) for leaves in results]
+
+
+@answered_while_tracing
+def _fresh_runs(known: list[torch.Tensor], leaves: list[torch.Tensor], counts: list[int]) -> torch.Size:
+    """For each run of ``counts`` consecutive ``leaves``: 1 when one of them holds data on a storage
+    none of ``known`` uses, else 0."""
+    seen = set(storage_ids(known))
+    out, start = [], 0
+    for count in counts:
+        run = storages(leaves[start : start + count])
+        out.append(int(any(storage_id(s) not in seen and holds_data(s) for s in run)))
+        start += count
+    return torch.Size(out)
 
 
 def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
@@ -203,7 +215,10 @@ def holds_tagged(x: Any) -> bool:
 
 def _decide(out: Any, inputs: list[Node]) -> Any:
     """``out`` with the rule applied to every node in it, wherever it sits."""
-    common = frozenset.intersection(*(type(n)._tags for n in inputs))
+    if len(inputs) == 1:  # the common case, told without the generator (a frame dynamo inlines)
+        common = type(inputs[0])._tags
+    else:
+        common = frozenset.intersection(*(type(n)._tags for n in inputs))
     if isinstance(out, Node):
         return _ruled([out], inputs, common)[0]
     if type(out) in (list, tuple) and all(isinstance(r, Node) for r in out):
@@ -233,6 +248,57 @@ def _ruled(results: list[Any], inputs: list[Node], common: frozenset) -> list[An
         elif not carries_common:  # a result carrying them everywhere already is kept as it is
             r = retag(r, common)
         decided.append(r)
+    return decided
+
+
+@substitute_in_graph(_ruled)
+def _ruled_traced(results: list[Any], inputs: list[Node], common: frozenset) -> list[Any]:
+    # _ruled as dynamo traces it at least cost: one frame (walks with a stack, no recursion, no
+    # comprehension: each is a call dynamo inlines), and the storage test in one call of
+    # _fresh_runs, which dynamo runs on the fake tensors (their storages keep their identity) and
+    # whose answer it takes as constants, so the rule adds no graph break. A node is rebuilt for
+    # each call, so nothing is kept on it (memo).
+    decided: list[Any] = []
+    if not common:
+        for r in results:
+            decided.append(retag(r, common))
+        return decided
+    known: list[torch.Tensor] = []
+    stack = list(inputs)
+    while stack:
+        for v in stack.pop()._data.values():
+            if isinstance(v, _Tensor):
+                known.append(v)
+            elif isinstance(v, Node):
+                stack.append(v)
+    leaves: list[torch.Tensor] = []
+    counts: list[int] = []
+    kept: list[bool] = []  # every node of the result carries common already
+    bare: list[bool] = []  # every node of the result carries no tag
+    for r in results:
+        start = len(leaves)
+        same = plain = True
+        stack = [r]
+        while stack:
+            node = stack.pop()
+            tags = type(node)._tags
+            if tags != common:
+                same = False
+            if tags:
+                plain = False
+            for v in node._data.values():
+                if isinstance(v, _Tensor):
+                    leaves.append(v)
+                elif isinstance(v, Node):
+                    stack.append(v)
+        counts.append(len(leaves) - start)
+        kept.append(same)
+        bare.append(plain)
+    for r, fresh, same, plain in zip(results, _fresh_runs(known, leaves, counts), kept, bare):
+        if fresh:
+            decided.append(r if plain else retag(r, NO_TAGS))
+        else:
+            decided.append(r if same else retag(r, common))
     return decided
 
 

@@ -15,8 +15,12 @@ Makefile pins).
   per storage for as long as the storage lives (as it does for tensors), so that
   views share it; defined for the fake tensors dynamo traces with too, where
   ``data_ptr()`` is not. torch does not document this, so the test checks it.
-* ``nonstrict_trace``: how the tag rule runs its storage test, as plain Python
-  on fake tensors, under ``torch.compile`` without a graph break.
+* How the tag rule runs its storage test under ``torch.compile``, as plain Python on the fake
+  tensors while dynamo traces, without a graph break: a function marked with
+  ``torch.compiler.allow_in_graph`` (public) that returns a ``torch.Size``, whose ints dynamo takes
+  as constants (not documented). ``torch._dynamo.nonstrict_trace`` would do it too, at several
+  times the trace cost of the rest of the rule: dynamo traces ``torch.utils._pytree.tree_flatten``
+  of its arguments, twice, bytecode by bytecode.
 * Whether a storage holds bytes when its size is data-dependent (``td[mask]``
   under ``torch.compile``): ``guard_or_true`` answers without guarding on a
   size the trace cannot know, and the answer is "it may", so the rule fails safe.
@@ -62,7 +66,7 @@ Makefile pins).
   with the rest, so that one module says what tdtree asks torch.
 
 Importing dynamo costs seconds, so nothing here imports it: the compile-time registrations
-(``substitute_in_graph``, ``nonstrict_trace``) are kept until ``torch._dynamo`` is imported (by
+(``substitute_in_graph``, ``answered_while_tracing``) are kept until ``torch._dynamo`` is imported (by
 ``torch.compile``, ``torch.export`` or the user), and run right after that import, before dynamo
 traces anything; when dynamo is already imported they run at once. ``guard_or_true`` is read from
 ``torch.fx.experimental.symbolic_shapes`` only for a symbolic size, which exists only once that
@@ -107,7 +111,7 @@ __all__ = [
     "in_shared_memory",
     "is_compiling",
     "substitute_in_graph",
-    "nonstrict_trace",
+    "answered_while_tracing",
     "compile_counter",
     "graph_breaks",
     "quiet_trace_log",
@@ -352,24 +356,18 @@ def substitute_in_graph(original: Callable[..., Any], **options: Any) -> Callabl
     return decorate
 
 
-def nonstrict_trace(fn: F) -> F:
-    """Mark ``fn`` for ``torch._dynamo.nonstrict_trace`` when dynamo is imported; returns ``fn`` itself.
+def answered_while_tracing(fn: F) -> F:
+    """Mark ``fn`` for ``torch.compiler.allow_in_graph`` when dynamo is imported; returns ``fn`` itself.
 
-    Under ``torch.compile`` a call of ``fn`` is an opaque call that runs ``fn`` as plain Python on
-    the fake tensors; eager code calls ``fn`` directly. (dynamo marks the wrapper that
-    ``nonstrict_trace`` returns, which does not exist before dynamo does: compiled code reaches it
-    through a substitute for ``fn``.)
+    ``fn`` takes tensors, lists of tensors and lists of ints, and returns a ``torch.Size``. Under
+    ``torch.compile`` dynamo does not trace it: it calls it once, on the fake tensors, while tracing,
+    and takes the ints of the ``torch.Size`` it returns as constants (dynamo's rule for a traced
+    output that is a ``torch.Size`` of ints, which torch does not document: the test checks it).
+    Eager code calls ``fn`` directly. The graph keeps the call, whose result nothing reads:
+    AOTAutograd traces it to nothing, and only the "eager" backend, which runs dynamo's graph as it
+    is, calls it again on each run.
     """
-
-    def register() -> None:
-        opaque = needed("torch._dynamo.nonstrict_trace")(fn)
-
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            return opaque(*args, **kwargs)
-
-        needed("torch.compiler.substitute_in_graph")(fn, skip_signature_check=True)(traced)
-
-    _when_dynamo(register)
+    _when_dynamo(lambda: torch.compiler.allow_in_graph(fn))
     return fn
 
 

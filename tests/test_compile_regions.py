@@ -303,11 +303,8 @@ def test_tags_follow_the_storage_rule_through_the_entry_points(compiled):
     cases = {
         "checkpoint returns its input": lambda t: checkpoint(lambda u: u, t, use_reentrant=False),
         "checkpoint computes": lambda t: checkpoint(_sin, t, use_reentrant=False),
+        "region computes": lambda t: _sin_region(t),
     }
-    if compiled is None:
-        # compiled, the tag rule's nonstrict_trace call inside invoke_subgraph's body fails in torch
-        # ("GraphModule object has no attribute '_new_storages_callable'"): left to its own issue
-        cases["region computes"] = lambda t: _sin_region(t)
     for name, fn in cases.items():
         torch._dynamo.reset()
         out = (fn if compiled is None else torch.compile(fn, fullgraph=True, backend=compiled))(locked)

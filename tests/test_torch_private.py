@@ -80,30 +80,41 @@ def test_a_storage_keeps_its_python_object_while_it_lives():
     assert first not in set(map(P.storage_id, churn))
 
 
-def test_nonstrict_trace_runs_python_on_fake_tensors():
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_answered_while_tracing_runs_on_fake_tensors_and_answers_constants(backend):
     calls = []
 
-    @P.nonstrict_trace
-    def probe(t: torch.Tensor) -> torch.Tensor:
-        calls.append(type(t).__name__)
-        return t + 1
+    @P.answered_while_tracing
+    def shares(a: list[torch.Tensor], b: list[torch.Tensor], extra: list[int]) -> torch.Size:
+        calls.append(type(a[0]).__name__)
+        return torch.Size([int(next(P.storage_ids(a)) == next(P.storage_ids(b))), *extra])
 
-    out = torch.compile(lambda t: probe(t) * 2, fullgraph=True, backend="aot_eager")(torch.zeros(2))
-    torch.testing.assert_close(out, torch.full((2,), 2.0))
-    assert "FakeTensor" in calls
+    def f(x):
+        view, seven = shares([x], [x[1:]], [7])
+        copy = shares([x], [x + 1], [])[0]
+        # Python branches on the answers: fullgraph refuses a branch on a value known only at run time
+        return x * (2 if view else 3) * (5 if copy else 7) * seven
+
+    x = torch.randn(4)
+    counter = P.compile_counter(backend)
+    compiled = torch.compile(f, fullgraph=True, backend=counter)
+    torch.testing.assert_close(compiled(x), x * 98)
+    assert calls[:2] == ["FakeTensor", "FakeTensor"], calls
+    torch.testing.assert_close(compiled(torch.ones(4)), torch.full((4,), 98.0))
+    assert counter.frame_count == 1
 
 
 def test_holds_data_counts_a_data_dependent_size_as_data():
     assert P.holds_data(torch.zeros(3).untyped_storage())
     assert not P.holds_data(torch.zeros(0).untyped_storage())
 
-    @P.nonstrict_trace
-    def probe(x):
-        return [P.holds_data(x.untyped_storage())]
+    @P.answered_while_tracing
+    def probe(x: list[torch.Tensor]) -> torch.Size:
+        return torch.Size([int(P.holds_data(x[0].untyped_storage()))])
 
     def f(x, m):
         picked = x[m]  # its size is an unbacked symbol while tracing: bool(nbytes) would not trace
-        return x * (2 if probe(picked)[0] else 3)
+        return x * (2 if probe([picked])[0] else 3)
 
     x = torch.ones(4)
     compiled = torch.compile(f, fullgraph=True, backend="eager")
@@ -111,14 +122,17 @@ def test_holds_data_counts_a_data_dependent_size_as_data():
 
 
 def test_storage_ids_see_through_wrappers_of_fake_tensors():
-    # how the tag rule runs inside a compiled transform: nonstrict_trace hands the batched wrappers of
-    # dynamo's fake tensors, and a view must share the wrapped storage's identity, a new tensor not
-    @P.nonstrict_trace
-    def same(a, b):
-        return [next(P.storage_ids([a])) == next(P.storage_ids([b]))]
+    # how the tag rule runs inside a compiled transform: dynamo hands answered_while_tracing the
+    # batched wrappers of its fake tensors, and a view must share the wrapped storage's identity, a
+    # new tensor not
+    @P.answered_while_tracing
+    def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> torch.Size:
+        return torch.Size([int(next(P.storage_ids(a)) == next(P.storage_ids(b)))])
 
     def f(x):
-        return torch.func.vmap(lambda y: y * (2 if same(y, y[:1])[0] else 3) * (5 if same(y, y + 1)[0] else 7))(x)
+        return torch.func.vmap(lambda y: y * (2 if same([y], [y[:1]])[0] else 3) * (5 if same([y], [y + 1])[0] else 7))(
+            x
+        )
 
     x = torch.randn(4, 3)
     torch.testing.assert_close(f(x), x * 14)
