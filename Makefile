@@ -1,5 +1,6 @@
 # make demo: set up .venv when missing and run the main example.
-# make test: the same set-up, then every test and property test (bench cases run once), the docstring
+# make test: the same set-up, then every test and property test (bench cases run once; in parallel,
+#   TEST_WORKERS below), the docstring
 #   examples (doctests), the import floors (lint-imports, contract in pyproject.toml), ruff check and
 #   ruff format --check (settings in pyproject.toml) and mypy over the package, its entry-point modules (_tdtree_plugins) and the typed
 #   tensorclass example.
@@ -11,6 +12,10 @@
 #   python -m bench.compare REF compares with a git ref).
 # make bench-quick: a representative subset (cases marked quick), under 2 minutes.
 VENV ?= .venv
+# make test runs the suites in pytest-xdist workers (auto: one per core), each with one torch thread:
+# the workers fill the cores, and a thread pool per worker would wait at each parallel kernel for a
+# core another worker holds
+TEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -31,7 +36,7 @@ demo: $(STAMP)
 	$(PY) examples/train_functional.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests property_tests bench --benchmark-disable --durations=20
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests property_tests bench --benchmark-disable --durations=20
 	$(PY) -m pytest -q --doctest-modules tdtree
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check

@@ -10,15 +10,25 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = 5
+# A timed import is sampled in at most RUNS fresh processes, and passes at the first sample within its
+# bound: the least time is within the bound exactly when one sample is, so a sample past it (the
+# machine busy elsewhere) costs another sample and a quiet machine costs one.
+RUNS = 8
+
+# under pytest-xdist one worker runs the module, so that the environment (the fixture) is made once
+pytestmark = pytest.mark.xdist_group("test_install")
 
 
-def _installed(where: Path) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """An environment where tdtree is installed as pyproject.toml says: the checkout on the path, a
     dist-info with its entry points ahead of any other install of tdtree (a stale one among them), and
     bytecode cached (pip compiles it at install; a process that may not write it compiles every module
-    of tdtree at each import)."""
+    of tdtree at each import). One for the module: the cache, torch's bytecode included, is written once."""
+    where = tmp_path_factory.mktemp("installed")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     info = where / f"tdtree-{project['version']}.dist-info"
     info.mkdir()
@@ -27,7 +37,8 @@ def _installed(where: Path) -> dict[str, str]:
     (info / "entry_points.txt").write_text(
         "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in groups[g].items()) + "\n" for g in groups)
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    # (a process of its own, not a pytest-xdist worker of this run, when the suite runs under xdist)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE" and not k.startswith("PYTEST_XDIST_")}
     return {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(where)]), "PYTHONPYCACHEPREFIX": str(where / "pyc")}
 
 
@@ -37,18 +48,23 @@ def _run(code: str, env: dict[str, str]) -> str:
     return run.stdout
 
 
-def _seconds(code: str, env: dict[str, str]) -> float:
-    """The least time, over RUNS fresh processes (after one that caches the bytecode), of the import
-    statement in ``code`` (printed by it)."""
+def _seconds(code: str, env: dict[str, str], bound: float) -> float:
+    """The least time, over up to RUNS fresh processes (after one that caches the bytecode), of the
+    import statement in ``code`` (printed by it); sampling stops at the first time within ``bound``."""
     _run(code, env)
-    return min(float(_run(code, env).split()[-1]) for _ in range(RUNS))
+    least = float("inf")
+    for _ in range(RUNS):
+        least = min(least, float(_run(code, env).split()[-1]))
+        if least < bound:
+            break
+    return least
 
 
 TIMED = "import time; t = time.perf_counter(); {}; print(time.perf_counter() - t)"
 
 
-def test_the_entry_points_are_installed_and_named_as_pyproject_says(tmp_path):
-    env = _installed(tmp_path)
+def test_the_entry_points_are_installed_and_named_as_pyproject_says(installed):
+    env = installed
     out = _run(
         "import importlib.metadata as m; "
         "print(*sorted(e.value for g in ('hypothesis', 'pytest11') for e in m.entry_points(group=g) if e.name == 'tdtree'))",
@@ -57,19 +73,24 @@ def test_the_entry_points_are_installed_and_named_as_pyproject_says(tmp_path):
     assert out.split() == ["_tdtree_plugins.fixtures", "_tdtree_plugins.strategies:setup"]
 
 
-def test_import_hypothesis_costs_nothing_with_tdtree_installed(tmp_path):
-    env = _installed(tmp_path)
+def test_import_hypothesis_costs_nothing_with_tdtree_installed(installed):
+    env = installed
     code = "import sys; " + TIMED.format("import hypothesis") + "; assert 'torch' not in sys.modules, 'torch'"
     plain = {**env, "HYPOTHESIS_NO_PLUGINS": "1"}
     _run(code, env)
-    # the two alternate, so that a change in the machine's load weighs on both alike
-    runs = [(float(_run(code, env).split()[-1]), float(_run(code, plain).split()[-1])) for _ in range(RUNS)]
-    with_plugins, without = min(r[0] for r in runs), min(r[1] for r in runs)
+    # the two alternate, so that a change in the machine's load weighs on both alike; pairs are taken
+    # until the least times are within the bound (at most RUNS pairs)
+    with_plugins = without = float("inf")
+    for _ in range(RUNS):
+        with_plugins = min(with_plugins, float(_run(code, env).split()[-1]))
+        without = min(without, float(_run(code, plain).split()[-1]))
+        if with_plugins - without < 0.05:
+            break
     assert with_plugins - without < 0.05, (with_plugins, without)
 
 
-def test_the_pytest_plugin_imports_neither_torch_nor_tdtree(tmp_path):
-    env = _installed(tmp_path)
+def test_the_pytest_plugin_imports_neither_torch_nor_tdtree(installed):
+    env = installed
     code = (
         "import sys, importlib.metadata as m; "
         "[e.load() for e in m.entry_points(group='pytest11') if e.name == 'tdtree']; "
@@ -78,8 +99,8 @@ def test_the_pytest_plugin_imports_neither_torch_nor_tdtree(tmp_path):
     assert _run(code, env).strip() == "[]"
 
 
-def test_a_pytest_run_without_tdtree_does_not_import_torch(tmp_path):
-    env = _installed(tmp_path)
+def test_a_pytest_run_without_tdtree_does_not_import_torch(installed, tmp_path):
+    env = installed
     (tmp_path / "test_other.py").write_text("import sys\n\ndef test_x():\n    assert 'torch' not in sys.modules\n")
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_other.py")],
@@ -92,8 +113,8 @@ def test_a_pytest_run_without_tdtree_does_not_import_torch(tmp_path):
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
 
 
-def test_strategies_register_whichever_is_imported_first(tmp_path):
-    env = _installed(tmp_path)
+def test_strategies_register_whichever_is_imported_first(installed):
+    env = installed
     draw = "print(isinstance(st.from_type(tt.TensorDict).example(), tt.TensorDict), isinstance(st.from_type(P).example(), P))"
     klass = "class P(tt.TensorClass):\n    x: torch.Tensor\n"
     orders = {
@@ -104,12 +125,12 @@ def test_strategies_register_whichever_is_imported_first(tmp_path):
         assert _run(code, env).split() == ["True", "True"], order
 
 
-def test_import_tdtree_costs_little_more_than_import_torch(tmp_path):
+def test_import_tdtree_costs_little_more_than_import_torch(installed):
     # dynamo, sympy and the rest of the compile stack stay unimported until compile runs
-    env = _installed(tmp_path)
+    env = installed
     code = (
         "import sys, torch; "
         + TIMED.format("import tdtree")
         + "; assert not {'torch._dynamo', 'sympy'} & set(sys.modules), 'compile stack imported'"
     )
-    assert _seconds(code, env) < 0.3
+    assert _seconds(code, env, 0.3) < 0.3

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from _fresh import fresh_python
 
 
 @pytest.mark.parametrize(
@@ -26,7 +24,7 @@ def test_import_tdtree_reaches_each_subpackage_on_first_use(name: str, attribute
         f"assert callable(tdtree.{name}.{attribute})\n"
         f"assert tdtree.{name} is sys.modules['tdtree.{name}']\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    run = fresh_python(code, timeout=120)
     assert run.returncode == 0, run.stderr
 
 

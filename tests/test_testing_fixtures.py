@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from _fresh import fresh_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +83,7 @@ def test_assertions_import_without_hypothesis():
         "import sys; sys.modules['hypothesis'] = None; import tdtree; print('tdtree ok'); "
         "import tdtree.testing as T; T.assert_equal(1, 1); print('assert ok')"
     )
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = fresh_python(code, cwd=ROOT)
     assert run.stdout.split() == ["tdtree", "ok", "assert", "ok"], run.stderr
 
 
@@ -102,7 +103,7 @@ def test_strategies_and_laws_without_hypothesis_say_how_to_install_it(reach):
         "import tdtree, tdtree.testing as T; T.assert_equal(1, 1)\n"
         f"try:\n    {reach}\nexcept ModuleNotFoundError as e:\n    print(e.name, '|', e)\n"
     )
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = fresh_python(code, cwd=ROOT)
     assert run.returncode == 0, run.stderr
     name, _, message = run.stdout.partition(" | ")
     assert name == "hypothesis" and "pip install 'tdtree[testing]'" in message, run.stdout
@@ -117,7 +118,7 @@ def test_strategies_and_laws_are_reached_in_a_fresh_process(name):
         f"assert callable(T.{name}); from hypothesis import strategies as st; "
         "print(type(st.from_type(tt.TensorDict).example()).__name__.startswith('TensorDict'))"
     )
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = fresh_python(code, cwd=ROOT)
     assert run.stdout.split() == ["True"], run.stderr
 
 
@@ -128,7 +129,7 @@ def test_registration_module_imported_before_hypothesis_registers_once_done():
         "R.register_strategies(); from hypothesis import strategies as st; "
         "print(type(st.from_type(tt.TensorDict).example()).__name__.startswith('TensorDict'))"
     )
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = fresh_python(code, cwd=ROOT)
     assert run.stdout.split() == ["True"], run.stderr
 
 

@@ -4,11 +4,10 @@ tdtree takes them to mean: a torch release that moves one fails here, by name, b
 import gc
 import inspect
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
+from _fresh import fresh_python
 
 import tdtree
 from tdtree import _foreach
@@ -369,13 +368,9 @@ def test_control_flow_operators_keep_their_signatures():
     assert list(inspect.signature(P.hop_map).parameters)[:2] == ["f", "xs"]
 
 
-def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-
-
 def test_a_missing_eager_name_raises_torch_version_error_at_import():
     # torch without one of the names the eager paths read: import tdtree names it and torch's version
-    run = _python(
+    run = fresh_python(
         "import torch; del torch._C._functorch.get_unwrapped\n"
         "try:\n    import tdtree\nexcept Exception as e:\n"
         "    print(type(e).__module__, type(e).__name__, repr(e.name), repr(e.version), e)\n"
@@ -390,7 +385,7 @@ def test_a_missing_eager_name_raises_torch_version_error_at_import():
 def test_a_missing_compile_name_raises_torch_version_error_at_each_compile():
     # the compile registrations run when dynamo is imported: a torch without them fails torch.compile
     # with the named error, every time (not an AttributeError from a half-imported dynamo the second time)
-    run = _python(
+    run = fresh_python(
         "import sys, torch, tdtree; assert 'torch._dynamo' not in sys.modules\n"
         "import torch.compiler; del torch.compiler.substitute_in_graph\n"
         "for _ in range(2):\n"
@@ -410,7 +405,7 @@ def test_needed_names_the_missing_name_and_the_version(monkeypatch):
 
 
 def test_import_tdtree_leaves_dynamo_unimported_and_compile_registers_it():
-    run = _python(
+    run = fresh_python(
         "import sys, torch, tdtree as tt; assert 'torch._dynamo' not in sys.modules\n"
         "td = tt.TensorDict({'a': torch.ones(3)}, [3]).lock()\n"
         "out = torch.compile(lambda t: t + 1, fullgraph=True, backend='eager')(td)\n"

@@ -164,6 +164,9 @@ def _checks(cls: Any) -> tuple[Check, ...]:
         )
         type.__setattr__(cls, "_checks", checks)
         type.__setattr__(cls, "_tensors_only", tuple(sorted(cls._fields)) if all(c[3] for c in checks) else None)
+        # replace's copy is made here too: compiled code guards on the keys of the class's __dict__, so
+        # an attribute added at a later first use (an eager replace) would recompile every compiled caller
+        _swap(cls)
     return checks  # type: ignore[no-any-return]
 
 
@@ -185,7 +188,7 @@ def _slot(cls: Any, name: str) -> Any:
 def _swap(cls: Any) -> tuple[frozenset[str], Callable[..., Any]]:
     """For :func:`replaced`'s common case: the fields of ``cls`` that take a plain tensor, and a function
     of ``(tc, changes, td, static)`` making an instance with ``td``, ``static`` and each field's value
-    from ``changes``, else ``tc``'s; made on first use, kept as ``cls._swap``."""
+    from ``changes``, else ``tc``'s; made with the class's checks (:func:`_checks`), kept as ``cls._swap``."""
     swap = cls.__dict__.get("_swap")
     if swap is None:
         # Straight-line code, one line per field, with no loop over the names; each slot is written
