@@ -14,7 +14,9 @@
 VENV ?= .venv
 # make test runs the suites in pytest-xdist workers (auto: one per core), each with one torch thread:
 # the workers fill the cores, and a thread pool per worker would wait at each parallel kernel for a
-# core another worker holds
+# core another worker holds. --dist loadfile: a module runs in one worker, so what a module makes once
+# (module-scoped fixtures that start process groups, the matrix's cached compiled traces) is made once
+# (xdist 3.8's loadgroup does not group under pytest 9: its group suffix on node ids is not read)
 TEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -36,7 +38,7 @@ demo: $(STAMP)
 	$(PY) examples/train_functional.py
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests property_tests bench --benchmark-disable --durations=20
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests property_tests bench --benchmark-disable --durations=20
 	$(PY) -m pytest -q --doctest-modules tdtree
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check

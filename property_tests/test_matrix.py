@@ -415,14 +415,9 @@ def newdir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], str]:
     return lambda: os.path.join(root, str(next(count)))
 
 
-def _param(row: Row, context: str, kind: str) -> Any:
-    """A cell as a parameter. The compiled cells of one (kind, context) share one trace, cached per
-    process in ``_COMPILED``: under pytest-xdist (``--dist loadgroup``) one worker runs them all."""
-    marks = [pytest.mark.xdist_group(f"matrix-{context}-{kind}")] if context in COMPILED else []
-    return pytest.param(row, context, kind, marks=marks, id=f"{row.name}-{context}-{kind}")
-
-
-@pytest.mark.parametrize(("row", "context", "kind"), [_param(*cell) for cell in CELLS])
+# The compiled cells of one (kind, context) share one trace, cached per process in _COMPILED: make
+# test's pytest-xdist runs a module in one worker (--dist loadfile), so each trace is made once.
+@pytest.mark.parametrize(("row", "context", "kind"), CELLS, ids=[f"{r.name}-{c}-{k}" for r, c, k in CELLS])
 def test_matrix(row: Row, context: str, kind: str, newdir: Callable[[], str]) -> None:
     if context in COMPILED:
         run_compiled_cell(row, context, kind, newdir)

@@ -28,9 +28,6 @@ import tdtree.distributed as ttd
 from tdtree.errors import BatchSizeError, StructureMismatchError
 from tdtree.testing import assert_equal
 
-# under pytest-xdist one worker runs the module, so that its process groups (the module-scoped fixtures) start once
-pytestmark = pytest.mark.xdist_group("test_distributed")
-
 MODES = (None, True, False)
 DTYPES = (
     torch.float32,

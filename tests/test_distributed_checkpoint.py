@@ -23,9 +23,6 @@ import tdtree as tt
 from tdtree.distributed import run_local
 from tdtree.errors import KeyMismatchError
 
-# under pytest-xdist one worker runs the module, so that its checkpoint processes (the module-scoped fixture) start once
-pytestmark = pytest.mark.xdist_group("test_distributed_checkpoint")
-
 WORLD = 2
 SEED = 7
 

@@ -18,9 +18,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # machine busy elsewhere) costs another sample and a quiet machine costs one.
 RUNS = 8
 
-# under pytest-xdist one worker runs the module, so that the environment (the fixture) is made once
-pytestmark = pytest.mark.xdist_group("test_install")
-
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
