@@ -94,7 +94,9 @@ def _run(tree: Path, out: Path, extra: list[str]) -> tuple[dict[str, dict[str, A
     """({case: stats} of tdtree on the library in ``tree``, what went wrong in the run)."""
     # the installed tdtree's plugins (tdtree.testing's pytest fixtures and hypothesis strategies) may
     # not exist at the base ref, and the bench uses none of them
-    env = {**os.environ, "PYTHONPATH": str(tree), "HYPOTHESIS_NO_PLUGINS": "1"}
+    # the run is a pytest of its own, never a pytest-xdist worker (pytest-benchmark disables itself in one)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env |= {"PYTHONPATH": str(tree), "HYPOTHESIS_NO_PLUGINS": "1"}
     cmd = [sys.executable, "-m", "pytest", "-q", "bench", "--impls=tdtree", *BENCH_ARGS]
     cmd += [f"--benchmark-json={out}", "-p", "no:cacheprovider", "-p", "no:tdtree"]
     cmd += ["--continue-on-collection-errors", "-rfE", *extra]
