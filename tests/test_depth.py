@@ -212,3 +212,18 @@ def test_update_from_dict_and_node() -> None:
     locked = TensorDict(d).lock()
     with pytest.raises(tt.errors.LockedError):
         locked.update(other)
+
+
+def test_save_load(tmp_path: Any) -> None:
+    d = chain()
+    tt.save(TensorDict(d), tmp_path / "td.pt")
+    same(tt.load(tmp_path / "td.pt"), d)
+
+
+def test_memmap_load_memmap(tmp_path: Any) -> None:
+    d = chain()
+    mapped = TensorDict(d).memmap(tmp_path / "mm")
+    same(mapped, d)
+    loaded = tt.load_memmap(tmp_path / "mm")
+    same(loaded, d)
+    assert loaded[deep_key()[:-1]].is_memmap
