@@ -189,6 +189,38 @@ def setdefault(node: NodeT, key: NestedKey, default: Any) -> NodeT:
 
 
 def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ...]) -> NodeT:
+    # The sub-nodes a nested source merges into are found from an explicit stack and finished deepest
+    # first, so that an update reaches the depth a node does, not Python's recursion limit.
+    # A level: (node, its new data, its path, parent's level index, its key there).
+    levels: list[tuple[Node, dict[str, Any], tuple[str, ...], int, str]] = []
+    todo: list[tuple[Node, Mapping[str, Any] | Node, tuple[str, ...], int, str]] = [(node, source, prefix, -1, "")]
+    while todo:
+        at, src, path, up, key = todo.pop()
+        here = len(levels)
+        levels.append((at, _merged(at, src, path, todo, here), path, up, key))
+    result: Any = None
+    for at, new, _, up, key in reversed(levels):
+        order, batch_size, device, _ = at._meta
+        if device is None:  # with a device, entry() moved every value there (a trusted node's are on it)
+            new, device = settle_device(new, device)
+        if len(new) == len(order):  # only replaced entries: the node's key tuple serves
+            result = with_meta(type(at), new, (order, batch_size, device, NO_TAGS))
+        else:
+            result = make(type(at), sorted_data(new), batch_size, device)
+        if up >= 0:
+            levels[up][1][key] = result
+    return result
+
+
+def _merged(
+    node: Node,
+    source: Mapping[str, Any] | Node,
+    prefix: tuple[str, ...],
+    todo: list[tuple[Node, Mapping[str, Any] | Node, tuple[str, ...], int, str]],
+    here: int,
+) -> dict[str, Any]:
+    """The data of ``node`` with ``source``'s entries set, but for the nested mappings that merge into
+    a sub-node: those go on ``todo`` (their result replaces the sub-node in the returned dict)."""
     old = node._data
     order, batch_size, device, tags = node._meta
     if tags:
@@ -206,17 +238,13 @@ def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ..
     for k, v in rest:
         current = old.get(k)
         if isinstance(current, Node) and isinstance(v, (Node, Mapping)):
-            new[k] = _update(current, v if isinstance(v, Node) else nest(v, False), (*prefix, k))
+            todo.append((current, v if isinstance(v, Node) else nest(v, False), (*prefix, k), here, k))
         elif trusted:
             # a sub-node goes in untagged, as entry() puts it (the rule decides the result's tags)
             new[k] = retag(v, NO_TAGS) if isinstance(v, Node) else v
         else:
             new[k] = entry((*prefix, k), v, batch_size, device, type(node)._root)
-    if device is None:  # with a device, entry() moved every value there (a trusted node's are on it)
-        new, device = settle_device(new, device)
-    if len(new) == len(order):  # only replaced entries: the node's key tuple serves
-        return with_meta(type(node), new, (order, batch_size, device, NO_TAGS))
-    return make(type(node), sorted_data(new), batch_size, device)
+    return new
 
 
 @tag_rule

@@ -1,10 +1,11 @@
 """Memory-mapped nodes: one file per leaf under a directory, described by one JSON file.
 
-Layout of a memmap directory ``prefix`` (format version 1)::
+Layout of a memmap directory ``prefix`` (format version 2; version 1, still read, nested the tree)::
 
-    prefix/meta.json          format, version, node type, tags, and the tree:
-                              every node's batch_size, device and entries (key, child)
-                              in canonical order; every leaf's dtype, shape and index
+    prefix/meta.json          format, version, node type, tags, and the tree, flat
+                              (see _treefile.describe): every node's key, batch_size, device and
+                              number of entries, every leaf's key, dtype, shape and
+                              index, in depth-first canonical order
     prefix/leaf-000000.bin    the raw bytes of leaf 0 (C order), and so on
 
 Files are named by the leaf's index in depth-first canonical order; keys live
@@ -34,7 +35,6 @@ pickles, see :mod:`tdtree._pickle`).
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import secrets
@@ -47,23 +47,19 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ._base import Node, make
-from ._files import MAX_BYTES, META_MAX, as_bytes, checked_size, map_regular, open_regular, remove_stale, swap_in
+from ._base import Node
+from ._files import META_MAX, as_bytes, checked_size, map_regular, open_regular, remove_stale, swap_in
 from ._inplace import mark_read_only
 from ._keys import display
 from ._names import name_of, root_named
 from ._tags import Locked, Memmap, retag
-from ._validate import build
-from .errors import BatchSizeError, KeyCollisionError, MemmapError
+from ._treefile import assemble, describe, flat_tree
+from .errors import MemmapError
 
 __all__ = [
     "META",
     "VERSION",
     "leaf_name",
-    "dtype_name",
-    "describe",
-    "assemble",
-    "dtype_named",
     "mappable",
     "read_header",
     "memmap",
@@ -75,7 +71,7 @@ __all__ = [
 
 META = "meta.json"
 FORMAT = "tdtree-memmap"
-VERSION = 1
+VERSION = 2
 _TAGS: frozenset = frozenset({Memmap, Locked})
 
 # Dtypes whose values are plain bytes, element by element: what a file can hold.
@@ -112,148 +108,37 @@ def leaf_name(index: int) -> str:
     return f"leaf-{index:06d}.bin"
 
 
-def dtype_named(name: object) -> torch.dtype | None:
-    """The torch dtype spelled ``name`` (``"float32"``), or None."""
-    dtype = getattr(torch, name, None) if type(name) is str else None
-    return dtype if isinstance(dtype, torch.dtype) else None
-
-
 def mappable(dtype: torch.dtype) -> bool:
     """Whether ``dtype``'s values are plain bytes, element by element (what a file or a byte buffer holds)."""
     return dtype in _MAPPABLE
 
 
 def read_header(
-    doc: object, fmt: str, version: int, source: str, corrupt: Callable[[str], Exception], error: type[Exception]
+    doc: object,
+    fmt: str,
+    versions: tuple[int, ...],
+    source: str,
+    corrupt: Callable[[str], Exception],
+    error: type[Exception],
 ) -> tuple[type, dict[str, Any]]:
     """The node type a description (memmap metadata or save file) names, and the description,
     after checking its header.
 
-    ``doc`` must be a dict of format ``fmt`` and version ``version``, naming a
+    ``doc`` must be a dict of format ``fmt`` and one of ``versions``, naming a
     registered node type. A malformed header raises ``corrupt(reason)``; a
     well-formed one of another version raises ``error`` naming ``source``.
     """
     kind = fmt.removeprefix("tdtree-")
     if type(doc) is not dict or doc.get("format") != fmt:
         raise corrupt(f"it is not a tdtree {kind} description")
-    if doc.get("version") != version:
-        raise error(f"{source} has format version {doc.get('version')!r}; this tdtree reads version {version}")
+    version = doc.get("version")
+    if type(version) is not int or version not in versions:
+        read = ", ".join(map(str, versions))
+        raise error(f"{source} has format version {version!r}; this tdtree reads versions {read}")
     root = root_named(doc.get("type"))
     if root is None:
         raise corrupt(f"unknown node type {doc.get('type')!r}")
     return root, doc
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def describe(node: Node, cpu: bool) -> tuple[dict[str, Any], list[tuple[tuple[str, ...], torch.Tensor]]]:
-    """The JSON-able tree of ``node`` and its leaves as (path, tensor), index by index.
-
-    With ``cpu`` a node's device is written as ``"cpu"`` (None stays None): the
-    leaves will live in host memory.
-    """
-    leaves: list[tuple[tuple[str, ...], torch.Tensor]] = []
-    return _described(node, (), cpu, leaves), leaves
-
-
-def _described(
-    x: Node, path: tuple[str, ...], cpu: bool, leaves: list[tuple[tuple[str, ...], torch.Tensor]]
-) -> dict[str, Any]:
-    # a module function, not a closure: a closure calling itself is a cycle only the garbage collector frees
-    entries: list[list[Any]] = []
-    for key, value in x._data.items():
-        if isinstance(value, Node):
-            entries.append([key, _described(value, (*path, key), cpu, leaves)])
-        else:
-            entries.append([key, {"leaf": len(leaves), "dtype": dtype_name(value.dtype), "shape": list(value.shape)}])
-            leaves.append(((*path, key), value))
-    _, batch_size, device, _ = x._meta
-    shown = None if device is None else ("cpu" if cpu else str(device))
-    return {"batch_size": list(batch_size), "device": shown, "entries": entries}
-
-
-def _sizes(value: object) -> list[int] | None:
-    if type(value) is list and all(type(d) is int and 0 <= d <= MAX_BYTES for d in value):
-        return value
-    return None
-
-
-LeafFn = Callable[[int, torch.dtype, torch.Size, tuple[str, ...]], torch.Tensor]
-
-
-def assemble(
-    tree: object,
-    root: type,
-    leaf_fn: LeafFn,
-    corrupt: Callable[[str], Exception],
-    device: Callable[[str | None], torch.device | None],
-) -> Any:
-    """The node described by ``tree`` (from :func:`describe`), leaves made by ``leaf_fn``.
-
-    Everything read is checked: ``corrupt(reason)`` makes the error for a
-    malformed tree, ``device(name)`` turns a recorded device into the node's
-    device (or raises). Leaf shapes are validated against batch sizes by the
-    public constructor's validation; a node gets the device recorded for it
-    (its leaves must be there), as the original node had it.
-    """
-    counter = itertools.count()
-
-    def node(obj: object, path: tuple[str, ...]) -> Any:
-        where = f"node {display(path)!r}" if path else "the root node"
-        if type(obj) is not dict or type(obj.get("entries")) is not list:
-            raise corrupt(f"{where} has no list of entries")
-        batch_size = _sizes(obj.get("batch_size"))
-        if batch_size is None:
-            raise corrupt(f"{where} has a malformed batch_size {obj.get('batch_size')!r}")
-        dev = obj.get("device")
-        if dev is not None and type(dev) is not str:
-            raise corrupt(f"{where} has a malformed device {dev!r}")
-        data: dict[str, Any] = {}
-        for item in obj["entries"]:
-            if type(item) is not list or len(item) != 2 or type(item[0]) is not str:
-                raise corrupt(f"{where} has a malformed entry {str(item)[:80]}")
-            key, child = item
-            if key in data:
-                raise corrupt(f"{where} holds the key {key!r} twice")
-            if type(child) is dict and "entries" in child:
-                data[key] = node(child, (*path, key))
-            else:
-                data[key] = leaf(child, (*path, key))
-        try:
-            built = build(root, data, torch.Size(batch_size), None)
-        except (BatchSizeError, KeyCollisionError, TypeError) as err:
-            raise corrupt(str(err)) from None
-        recorded = device(dev)
-        if recorded is None or built._meta[2] == recorded:
-            return built
-        for key, value in data.items():
-            if isinstance(value, torch.Tensor) and value.device != recorded:
-                raise corrupt(f"{where} is on {recorded} but its leaf {key!r} is on {value.device}")
-        # The device as recorded, not as inferred: an empty sub-node of a cpu node may say None.
-        return make(root, built._data, built._meta[1], recorded)
-
-    def leaf(obj: object, path: tuple[str, ...]) -> torch.Tensor:
-        where = f"leaf {display(path)!r}"
-        if type(obj) is not dict:
-            raise corrupt(f"{where} is malformed")
-        index = next(counter)
-        if obj.get("leaf") != index or type(obj.get("leaf")) is not int:
-            raise corrupt(f"{where} should be leaf {index}, found {obj.get('leaf')!r}")
-        shape = _sizes(obj.get("shape"))
-        if shape is None:
-            raise corrupt(f"{where} has a malformed shape {obj.get('shape')!r}")
-        dtype = dtype_named(obj.get("dtype"))
-        if dtype is None:
-            raise corrupt(f"{where} has an unknown dtype {obj.get('dtype')!r}")
-        checked_size(shape, dtype, corrupt, path)
-        return leaf_fn(index, dtype, torch.Size(shape), path)
-
-    try:
-        return node(tree, ())
-    except RecursionError:
-        raise corrupt("the tree nests too deeply") from None
 
 
 # -- writing --------------------------------------------------------------------------------
@@ -285,8 +170,8 @@ def _check_target(prefix: str, existsok: bool) -> None:
     try:
         doc, _ = _read_meta(prefix)
         tree = doc["tree"]
-        count = _count_leaves(tree)
-    except (MemmapError, FileNotFoundError, KeyError, TypeError, RecursionError):
+        count = _count_leaves(tree, doc["version"] != VERSION)
+    except (MemmapError, FileNotFoundError, KeyError, TypeError, AttributeError, RecursionError):
         count = -1
     if count >= 0 and names == {META, *(leaf_name(i) for i in range(count))}:
         return
@@ -307,8 +192,8 @@ def _moved(prefix: str, seen: os.stat_result) -> bool:
     return (now.st_dev, now.st_ino) != (seen.st_dev, seen.st_ino)
 
 
-def _count_leaves(tree: Any) -> int:
-    return sum(_count_leaves(child) if "entries" in child else 1 for _, child in tree["entries"])
+def _count_leaves(tree: Any, nested: bool) -> int:
+    return sum(type(item) is dict and "leaf" in item for item in flat_tree(tree, nested, MemmapError))
 
 
 def _read_meta(prefix: str, dir_fd: int | None = None, parse: bool = True) -> tuple[Any, tuple[int, int, int, int]]:
@@ -500,7 +385,7 @@ def _open(prefix: str, doc: object, mode: str, dir_fd: int, meta_id: tuple[int, 
     def corrupt(reason: str) -> MemmapError:
         return MemmapError(f"corrupt metadata file {meta}: {reason}")
 
-    root, doc = read_header(doc, FORMAT, VERSION, f"metadata file {meta}", corrupt, MemmapError)
+    root, doc = read_header(doc, FORMAT, (1, VERSION), f"metadata file {meta}", corrupt, MemmapError)
 
     def leaf(index: int, dtype: torch.dtype, shape: torch.Size, path: tuple[str, ...]) -> torch.Tensor:
         if dtype not in _MAPPABLE:
@@ -513,7 +398,8 @@ def _open(prefix: str, doc: object, mode: str, dir_fd: int, meta_id: tuple[int, 
             raise corrupt(f"device {name!r}: memmapped leaves live on the cpu")
         return None if name is None else torch.device("cpu")
 
-    return retag(assemble(doc.get("tree"), root, leaf, corrupt, device), _TAGS)
+    nested = doc["version"] != VERSION
+    return retag(assemble(doc.get("tree"), nested, root, leaf, corrupt, device), _TAGS)
 
 
 _LOAD_ATTEMPTS = 20

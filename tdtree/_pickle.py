@@ -37,9 +37,10 @@ from torch import nn
 
 from ._base import Node, make
 from ._maps import clone, leaves
-from ._memmap import dtype_name, dtype_named, leaf_name, mappable, origin, reopen
+from ._memmap import leaf_name, mappable, origin, reopen
 from ._names import name_of, root_named
 from ._tags import Memmap, Shared, retag, tag_named
+from ._treefile import dtype_name, dtype_named
 from ._validate import build
 from .errors import BatchSizeError, KeyCollisionError, MemmapError, SerializationError
 

@@ -47,16 +47,17 @@ from torch import nn
 from ._base import Node
 from ._files import remove_stale, temp_path
 from ._keys import display
-from ._memmap import as_bytes, assemble, checked_size, describe, mappable, open_regular, read_header
+from ._memmap import as_bytes, checked_size, mappable, open_regular, read_header
 from ._names import name_of
 from ._tags import Locked, retag, tag_rule
 from ._torch_private import save_skeleton, storage_id
+from ._treefile import assemble, describe
 from .errors import SerializationError
 
 __all__ = ["save", "load"]
 
 FORMAT = "tdtree-save"
-VERSION = 2
+VERSION = 3
 # Packed leaves start at multiples of this, as fresh allocations do, so every
 # dtype views them and vectorised kernels see aligned data.
 ALIGN = 64
@@ -329,7 +330,7 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
         doc = json.loads(payload["tdtree"])
     except (ValueError, RecursionError) as err:
         raise corrupt(f"its description is not JSON ({err})") from None
-    root, doc = read_header(doc, FORMAT, VERSION, path, corrupt, SerializationError)
+    root, doc = read_header(doc, FORMAT, (2, VERSION), path, corrupt, SerializationError)
     tag_names = doc.get("tags")
     if type(tag_names) is not list:
         raise corrupt(f"malformed tags {tag_names!r}")
@@ -386,7 +387,7 @@ def load(path: str | os.PathLike[str], device: torch.device | str | None = None)
         except RuntimeError:
             raise corrupt(f"unknown device {name!r}") from None
 
-    node = assemble(doc.get("tree"), root, leaf, corrupt, node_device)
+    node = assemble(doc.get("tree"), doc["version"] != VERSION, root, leaf, corrupt, node_device)
     if apart != len(tensors):
         raise corrupt(f"it holds {len(tensors)} separate tensors for {apart} leaves")
     if offset != buffer.numel():

@@ -178,28 +178,28 @@ def _holds_node(x: Any) -> bool:
 def _nodes_in(x: Any, out: list[Node]) -> None:
     """Append to ``out`` the nodes ``x`` holds: ``x`` itself, a tensorclass's node, or the nodes
     anywhere in a tree of the ``"tdtree"`` namespace (dicts, lists, tuples, named tuples, ...)."""
-    if isinstance(x, Node):
-        out.append(x)
-        return
-    t = type(x)
-    if is_untagged_type(t) or _is_key(x):
-        return
-    if isinstance(x, Holder):
-        out.append(x._td)
-    elif t is list or t is tuple:
-        # the builtin containers walked here (optree would call back per item; stack takes many nodes),
-        # tensors told inline
-        for item in x:
-            if type(item) is not _Tensor:
-                _nodes_in(item, out)
-    elif t is dict:
-        for item in x.values():
-            if type(item) is not _Tensor:
-                _nodes_in(item, out)
-    elif not (callable(x) or isinstance(x, _Tensor)):
-        for leaf in optree.tree_leaves(x, is_leaf=_holds_node, namespace=NAMESPACE):  # type: ignore[arg-type]
-            if isinstance(leaf, (Node, Holder)):
-                _nodes_in(leaf, out)
+    # an explicit stack (items pushed reversed, so nodes come out in the order of a recursive walk):
+    # a nested dict handed to update is as deep as a node gets, past Python's recursion limit
+    todo = [x]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, Node):
+            out.append(x)
+            continue
+        t = type(x)
+        if is_untagged_type(t) or _is_key(x):
+            continue
+        if isinstance(x, Holder):
+            out.append(x._td)
+        elif t is list or t is tuple:
+            # the builtin containers walked here (optree would call back per item; stack takes many
+            # nodes), tensors told inline
+            todo.extend([item for item in reversed(x) if type(item) is not _Tensor])
+        elif t is dict:
+            todo.extend([item for item in reversed(x.values()) if type(item) is not _Tensor])
+        elif not (callable(x) or isinstance(x, _Tensor)):
+            leaves = optree.tree_leaves(x, is_leaf=_holds_node, namespace=NAMESPACE)  # type: ignore[arg-type]
+            todo.extend([leaf for leaf in reversed(leaves) if isinstance(leaf, (Node, Holder))])
 
 
 def holds_tagged(x: Any) -> bool:

@@ -186,3 +186,49 @@ def test_vmap() -> None:
     d = chain(batch=(2,))
     out = tt.vmap(lambda td: td.apply(lambda t: t * 2))(TensorDict(d, batch_size=[2]))
     same(out, optree.tree_map(lambda t: t * 2, d))
+
+
+def merged(base: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``other`` merged in, nested dicts into nested dicts, by a loop (as dict update per level)."""
+    out = dict(base)
+    todo = [(out, other)]
+    while todo:
+        level, src = todo.pop()
+        for k, v in src.items():
+            if isinstance(v, dict) and isinstance(level.get(k), dict):
+                level[k] = dict(level[k])
+                todo.append((level[k], v))
+            else:
+                level[k] = v
+    return out
+
+
+def test_update_from_dict_and_node() -> None:
+    d = chain()
+    # every level gets a replaced "x" and a new "y"
+    other: dict[str, Any] = {"x": torch.full((2,), -1.0), "y": torch.full((2,), float(DEPTH))}
+    for i in range(DEPTH - 2, -1, -1):
+        other = {"n": other, "x": torch.full((2,), -1.0 - i), "y": torch.full((2,), float(i))}
+    expected = merged(d, other)
+    td = TensorDict(d)
+    same(td.update(other), expected)
+    same(td.update(TensorDict(other)), expected)
+    same(td, d)  # the input is unchanged
+    locked = TensorDict(d).lock()
+    with pytest.raises(tt.errors.LockedError):
+        locked.update(other)
+
+
+def test_save_load(tmp_path: Any) -> None:
+    d = chain()
+    tt.save(TensorDict(d), tmp_path / "td.pt")
+    same(tt.load(tmp_path / "td.pt"), d)
+
+
+def test_memmap_load_memmap(tmp_path: Any) -> None:
+    d = chain()
+    mapped = TensorDict(d).memmap(tmp_path / "mm")
+    same(mapped, d)
+    loaded = tt.load_memmap(tmp_path / "mm")
+    same(loaded, d)
+    assert loaded[deep_key()[:-1]].is_memmap

@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 import torch
+from _nestedtree import nested_tree
 
 import tdtree as tt
 from tdtree import Locked, Memmap, TensorDict
@@ -72,8 +73,8 @@ def test_memmap_writes_one_file_per_leaf_and_maps_them(tmp_path):
         if leaf.numel():
             assert reference(leaf)[1] == str(prefix)  # mapped from prefix's files (through its directory fd)
     doc = json.loads((prefix / META).read_text())
-    assert doc["version"] == 1 and doc["tags"] == ["Locked", "Memmap"]
-    assert doc["tree"]["batch_size"] == [4]
+    assert doc["version"] == 2 and doc["tags"] == ["Locked", "Memmap"]
+    assert doc["tree"][0]["batch_size"] == [4]
 
 
 def test_memmap_leaves_input_unchanged(tmp_path):
@@ -371,6 +372,24 @@ def edit_meta(prefix, fn):
     (prefix / META).write_text(json.dumps(doc))
 
 
+def grown(doc, item):
+    """``doc``'s tree with ``item`` read as one more entry of the root node."""
+    doc["tree"].append(item)
+    doc["tree"][0]["entries"] += 1
+
+
+def test_a_directory_of_format_version_1_loads(tmp_path):
+    """Version 1 nested the tree: a directory written so still loads, and its broken trees are refused."""
+    td = nested()
+    stored = tmp_path / "mm"
+    td.memmap(stored)
+    edit_meta(stored, lambda d: d.update(version=1, tree=nested_tree(td)))
+    assert_equal(tt.load_memmap(stored), retag(td, MM))
+    edit_meta(stored, lambda d: d["tree"]["entries"][1][1].update(entries={}))
+    with pytest.raises(MemmapError, match=r"meta.json: node 'next' has no list of entries"):
+        tt.load_memmap(stored)
+
+
 def test_missing_metadata_file(tmp_path):
     (tmp_path / "mm").mkdir()
     with pytest.raises(MemmapError, match=r"missing metadata file .*mm/meta.json"):
@@ -402,21 +421,24 @@ def test_corrupt_metadata_file(stored, text, reason):
     "edit, reason",
     [
         (
-            lambda d: d["tree"].update(batch_size=[5]),
+            lambda d: d["tree"][0].update(batch_size=[5]),
             r"entry 'mask' has shape \(4,\), which does not start with the batch_size \(5,\)",
         ),
-        (lambda d: d["tree"].update(batch_size="4"), r"the root node has a malformed batch_size '4'"),
+        (lambda d: d["tree"][0].update(batch_size="4"), r"the root node has a malformed batch_size '4'"),
         (
-            lambda d: d["tree"]["entries"].append(["mask", {"leaf": 4, "dtype": "bool", "shape": [4]}]),
+            lambda d: grown(d, {"key": "mask", "leaf": 4, "dtype": "bool", "shape": [4]}),
             r"the root node holds the key 'mask' twice",
         ),
-        (lambda d: d["tree"]["entries"][0][1].update(leaf=3), r"leaf 'mask' should be leaf 0, found 3"),
-        (lambda d: d["tree"]["entries"][0][1].update(shape=[-1]), r"leaf 'mask' has a malformed shape \[-1\]"),
-        (lambda d: d["tree"]["entries"][0][1].update(dtype="float99"), r"leaf 'mask' has an unknown dtype 'float99'"),
-        (lambda d: d["tree"].update(device="cuda"), r"device 'cuda': memmapped leaves live on the cpu"),
-        (lambda d: d["tree"]["entries"].append([3, {}]), r"the root node has a malformed entry \[3, \{\}\]"),
+        (lambda d: d["tree"][1].update(leaf=3), r"leaf 'mask' should be leaf 0, found 3"),
+        (lambda d: d["tree"][1].update(shape=[-1]), r"leaf 'mask' has a malformed shape \[-1\]"),
+        (lambda d: d["tree"][1].update(dtype="float99"), r"leaf 'mask' has an unknown dtype 'float99'"),
+        (lambda d: d["tree"][0].update(device="cuda"), r"device 'cuda': memmapped leaves live on the cpu"),
+        (lambda d: grown(d, [3, {}]), r"the root node has a malformed entry \[3, \{\}\]"),
+        (lambda d: d["tree"].pop(), r"the tree ends before the last of the 3 entries of the root node"),
+        (lambda d: d["tree"].append(d["tree"][1]), r"it holds 1 items after the root node's entries"),
+        (lambda d: d.update(tree=d["tree"][0]), r"its tree is not a list of nodes and leaves but a dict"),
     ],
-    ids=["batch", "batch-type", "duplicate", "index", "shape", "dtype", "device", "entry"],
+    ids=["batch", "batch-type", "duplicate", "index", "shape", "dtype", "device", "entry", "short", "long", "nested"],
 )
 def test_metadata_that_does_not_fit(stored, edit, reason):
     edit_meta(stored, edit)
@@ -426,12 +448,12 @@ def test_metadata_that_does_not_fit(stored, edit, reason):
 
 def test_unknown_format_version(stored):
     edit_meta(stored, lambda d: d.update(version=99))
-    with pytest.raises(MemmapError, match=r"meta.json has format version 99; this tdtree reads version 1"):
+    with pytest.raises(MemmapError, match=r"meta.json has format version 99; this tdtree reads versions 1, 2"):
         tt.load_memmap(stored)
 
 
 def test_dtype_that_cannot_be_mapped(stored):
-    edit_meta(stored, lambda d: d["tree"]["entries"][0][1].update(dtype="qint8"))
+    edit_meta(stored, lambda d: d["tree"][1].update(dtype="qint8"))
     with pytest.raises(MemmapError, match=r"leaf 'mask' in .*meta.json has dtype torch.qint8, which cannot be mapped"):
         tt.load_memmap(stored)
 

@@ -16,6 +16,7 @@ import zipfile
 
 import pytest
 import torch
+from _nestedtree import nested_tree
 
 import tdtree as tt
 from tdtree import TensorDict
@@ -67,6 +68,24 @@ def test_a_file_written_as_the_previous_version_did_loads(tmp_path):
     with zipfile.ZipFile(tmp_path / "old.pt") as z:
         assert z.testzip() is None  # every record's CRC-32 is there and right, as torch.save wrote them
     assert_equal(tt.load(tmp_path / "old.pt"), td)
+
+
+def test_a_file_of_format_version_2_loads(tmp_path):
+    """Version 2 nested the tree in the description: a file written so still loads."""
+    td = sample()
+    tt.save(td, tmp_path / "new.pt")
+    payload = torch.load(tmp_path / "new.pt", weights_only=True)
+    doc = json.loads(payload["tdtree"])
+    assert doc["version"] == 3 and type(doc["tree"]) is list
+    doc.update(version=2, tree=nested_tree(td))
+    payload["tdtree"] = json.dumps(doc)
+    torch.save(payload, tmp_path / "old.pt")
+    assert_equal(tt.load(tmp_path / "old.pt"), td)
+    doc["version"] = 3  # the nested form is read only as version 2
+    payload["tdtree"] = json.dumps(doc)
+    torch.save(payload, tmp_path / "bad.pt")
+    with pytest.raises(SerializationError, match=r"bad.pt: its tree is not a list of nodes and leaves but a dict"):
+        tt.load(tmp_path / "bad.pt")
 
 
 def test_large_leaves_and_views_round_trip(tmp_path):

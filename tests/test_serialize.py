@@ -220,7 +220,7 @@ def rewrite(path, fn):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda d, p: d.update(version=3), r"td.pt has format version 3; this tdtree reads version 2"),
+        (lambda d, p: d.update(version=4), r"td.pt has format version 4; this tdtree reads versions 2, 3"),
         (lambda d, p: d.update(format="other"), r"corrupt tdtree save file .*: it is not a tdtree save description"),
         (
             lambda d, p: d.update(type="builtins.eval"),
@@ -251,11 +251,11 @@ def rewrite(path, fn):
             r"packed buffer should be a contiguous 1-d uint8 tensor, found torch.float32 \(136,\)",
         ),
         (
-            lambda d, p: d["tree"].update(batch_size=[3]),
+            lambda d, p: d["tree"][0].update(batch_size=[3]),
             r"entry 'a' has shape \(2, 1\), which does not start with the batch_size \(3,\)",
         ),
-        (lambda d, p: d["tree"].update(device="nowhere"), r"unknown device 'nowhere'"),
-        (lambda d, p: d["tree"].update(device="meta"), r"the root node is on meta but its leaf 'a' is on cpu"),
+        (lambda d, p: d["tree"][0].update(device="nowhere"), r"unknown device 'nowhere'"),
+        (lambda d, p: d["tree"][0].update(device="meta"), r"the root node is on meta but its leaf 'a' is on cpu"),
         (lambda d, p: d.update(parameters="a"), r"malformed list of parameter leaves a"),
         (lambda d, p: d.update(grad=[2, 0]), r"malformed list of grad-requiring leaves \[2, 0\]"),
         (lambda d, p: d.update(grad=[1]), r"leaf 'b' of dtype torch.int64 cannot require grad"),
