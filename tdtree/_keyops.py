@@ -199,7 +199,7 @@ def _update(node: NodeT, source: Mapping[str, Any] | Node, prefix: tuple[str, ..
         here = len(levels)
         levels.append((at, _merged(at, src, path, todo, here), path, up, key))
     result: Any = None
-    for at, new, _, up, key in reversed(levels):
+    for at, new, _, up, key in levels[::-1]:  # a slice: dynamo guards on reversed()'s polyfill
         order, batch_size, device, _ = at._meta
         if device is None:  # with a device, entry() moved every value there (a trusted node's are on it)
             new, device = settle_device(new, device)

@@ -179,7 +179,8 @@ def _nodes_in(x: Any, out: list[Node]) -> None:
     """Append to ``out`` the nodes ``x`` holds: ``x`` itself, a tensorclass's node, or the nodes
     anywhere in a tree of the ``"tdtree"`` namespace (dicts, lists, tuples, named tuples, ...)."""
     # an explicit stack (items pushed reversed, so nodes come out in the order of a recursive walk):
-    # a nested dict handed to update is as deep as a node gets, past Python's recursion limit
+    # a nested dict handed to update is as deep as a node gets, past Python's recursion limit. Reversed
+    # slices, not reversed(): dynamo traces reversed() through a polyfill iterator and guards on it
     todo = [x]
     while todo:
         x = todo.pop()
@@ -194,12 +195,12 @@ def _nodes_in(x: Any, out: list[Node]) -> None:
         elif t is list or t is tuple:
             # the builtin containers walked here (optree would call back per item; stack takes many
             # nodes), tensors told inline
-            todo.extend([item for item in reversed(x) if type(item) is not _Tensor])
+            todo.extend([item for item in x[::-1] if type(item) is not _Tensor])
         elif t is dict:
-            todo.extend([item for item in reversed(x.values()) if type(item) is not _Tensor])
+            todo.extend([item for item in list(x.values())[::-1] if type(item) is not _Tensor])
         elif not (callable(x) or isinstance(x, _Tensor)):
             leaves = optree.tree_leaves(x, is_leaf=_holds_node, namespace=NAMESPACE)  # type: ignore[arg-type]
-            todo.extend([leaf for leaf in reversed(leaves) if isinstance(leaf, (Node, Holder))])
+            todo.extend([leaf for leaf in leaves[::-1] if isinstance(leaf, (Node, Holder))])
 
 
 def holds_tagged(x: Any) -> bool:
