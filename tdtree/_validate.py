@@ -1,27 +1,26 @@
 """Validation at the public boundary: the constructors and values taken in by the editors.
 
 Everything a user hands in passes here once; results of operations never do.
-The TensorDict constructor (:func:`construct`) and a tensorclass's (:func:`record`)
-run the same checks: the keys (str, tuple keys nested) or the fields (bound by
-position and name, each value of its annotated kind), the batch size
-(:func:`as_batch_size`), the device (:func:`as_device`, inferred as
-:func:`common_device` says), and every entry's shape and device (:func:`_checked`).
+The TensorDict constructor (:func:`construct`) and a tensorclass's
+(:func:`tdtree._fields.record`, which binds the fields first) run the same checks:
+the keys (str, tuple keys nested), the batch size (:func:`as_batch_size`), the
+device (:func:`as_device`, inferred as :func:`common_device` says), and every
+entry's shape and device (:func:`checked_data`).
 Errors name the key or field, the batch size expected and the shape found, and are
 raised before anything is built.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ._base import NO_TAGS, Holder, Node, fill, make, sorted_data
+from ._base import NO_TAGS, Node, fill, make
 from ._keys import as_path, display
 from ._tags import retag
-from .errors import BatchSizeError, FieldError, KeyCollisionError
+from .errors import BatchSizeError, KeyCollisionError
 
 __all__ = [
     "NO_BATCH",
@@ -31,12 +30,7 @@ __all__ = [
     "nest",
     "construct",
     "build",
-    "STATIC_TYPES",
-    "bind",
-    "field_value",
-    "split",
-    "record",
-    "fill_record",
+    "checked_data",
     "entry",
     "put_fitting",
     "settle_device",
@@ -98,6 +92,7 @@ def as_device(device: Any) -> torch.device | None:
 
 
 _Tensor = torch.Tensor
+_DATA = (torch.Tensor, Node)
 # The device found on CPU leaves is always this one object, so that a leaf is checked against it by
 # ``is_cpu`` alone, which costs less than reading the leaf's device and comparing it.
 CPU = torch.device("cpu")
@@ -174,7 +169,7 @@ def nest(source: Mapping[Any, Any], copy: bool = True) -> Mapping[str, Any]:
 def _check_prefix(path: tuple[str, ...], shape: Sequence[int], batch_size: torch.Size, what: str) -> None:
     n = len(batch_size)
     if n < 3:
-        # index by index, as _checked compares (a slice makes a new Size: half the cost of an editor's set)
+        # index by index, as checked_data compares (a slice makes a new Size: half the cost of an editor's set)
         if len(shape) >= n and (n == 0 or shape[0] == batch_size[0]) and (n < 2 or shape[1] == batch_size[1]):
             return
     elif shape[:n] == batch_size:
@@ -196,7 +191,7 @@ def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: tor
     if isinstance(value, _Tensor):
         if batch_size:
             _check_prefix(path, value.shape, batch_size, "entry")
-        # a CPU leaf is told by is_cpu alone, as _checked tells it
+        # a CPU leaf is told by is_cpu alone, as checked_data tells it
         if device is not None and not (value.is_cpu if device is CPU else value.device == device):
             value = value.to(device)
         return value
@@ -226,12 +221,12 @@ def put_fitting(
     pairs, in ``source``'s order, are returned for the caller to pass to :func:`entry` (which moves,
     converts or refuses them) or to merge.
 
-    One loop with :func:`_checked`'s inline test, where a call of :func:`entry` per value cost as much as
+    One loop with :func:`checked_data`'s inline test, where a call of :func:`entry` per value cost as much as
     the rest of an update.
     """
     n = len(batch_size)
     b = batch_size
-    # a shape s starts with batch_size exactly when batch_size <= s < hi, as _checked compares
+    # a shape s starts with batch_size exactly when batch_size <= s < hi, as checked_data compares
     hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
     cpu = device is CPU or (device is not None and device == CPU)
     rest = []
@@ -281,7 +276,7 @@ def construct(node: Node, source: Mapping[Any, Any] | None, batch_size: Any, dev
     if isinstance(source, Node):
         source = source._data
     size = as_batch_size(batch_size)
-    # A source that is not a mapping fails in nest() or _checked (a list of pairs has no items(), a
+    # A source that is not a mapping fails in nest() or checked_data (a list of pairs has no items(), a
     # tensor no truth value): told apart there, after the fact, so that a mapping pays no test for it.
     try:
         # as_device only for a device given (most nodes have none), and after nest() as errors are reported
@@ -290,8 +285,10 @@ def construct(node: Node, source: Mapping[Any, Any] | None, batch_size: Any, dev
                 raise _not_a_mapping(source)
             fill(node, {}, ((), size, device if device is None else as_device(device), NO_TAGS))
             return
-        # _checked only reads the entries: the caller's mapping needs no copy
-        data, dev = _checked(node._root, nest(source, False), size, device if device is None else as_device(device), ())
+        # checked_data only reads the entries: the caller's mapping needs no copy
+        data, dev = checked_data(
+            node._root, nest(source, False), size, device if device is None else as_device(device), ()
+        )
     except (AttributeError, TypeError, RuntimeError):
         if not isinstance(source, Mapping):
             raise _not_a_mapping(source) from None
@@ -315,7 +312,7 @@ def build(
     prefix: tuple[str, ...] = (),
 ) -> Any:
     """A validated, untagged node of type ``root`` from a mapping with str keys."""
-    data, device = _checked(root, data, batch_size, device, prefix)
+    data, device = checked_data(root, data, batch_size, device, prefix)
     return make(root, data, batch_size, device)
 
 
@@ -362,7 +359,7 @@ def _path_of(levels: list[tuple[Any, Any, str, int]], i: int, path: tuple[str, .
     return (*path, *parts[::-1])
 
 
-def _checked(
+def checked_data(
     root: type[Node],
     data: Mapping[str, Any],
     batch_size: torch.Size,
@@ -450,215 +447,3 @@ def settle_device(data: dict[str, Any], device: torch.device | None) -> tuple[di
         for k, v in data.items()
     }
     return settled, device
-
-
-# -- tensorclass fields ------------------------------------------------------------------------
-#
-# A tensorclass ``cls`` brings ``cls._fields`` (declaration order), ``cls._fieldset``, ``cls._ordered``
-# (declared in canonical order), ``cls._defaults`` and, per field in declaration order, a check
-# ``(name, accepted, hint, takes_tensor)``: the types the field takes (None: any), its annotation,
-# and whether it takes a plain tensor.
-
-STATIC_TYPES = (str, int, float, bool, type(None), enum.Enum)
-_DATA = (torch.Tensor, Node)
-Check = tuple[str, "tuple[type, ...] | None", Any, bool]
-
-
-def bind(cls: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The value of every field of ``cls`` from a constructor's arguments: by position in declaration
-    order, by name, else its default; FieldError naming an unknown, repeated or missing field."""
-    fields = cls._fields
-    if len(args) > len(fields):
-        raise FieldError(f"{cls.__name__} takes {len(fields)} fields {list(fields)}, got {len(args)} positional values")
-    values = dict(zip(fields, args))
-    for name, value in kwargs.items():
-        if name not in fields:
-            raise FieldError(f"{cls.__name__} has no field {name!r}; its fields are {list(fields)}")
-        if name in values:
-            raise FieldError(f"{cls.__name__}: field {name!r} given twice (by position and by name)")
-        values[name] = value
-    if len(values) < len(fields):
-        defaults = cls._defaults
-        missing = [f for f in fields if f not in values and f not in defaults]
-        if missing:
-            raise FieldError(f"{cls.__name__}: missing field{'s' if len(missing) > 1 else ''} {missing}")
-        for f in fields:
-            if f not in values:
-                values[f] = defaults[f]
-    return values
-
-
-def hint_name(hint: Any) -> str:
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-
-
-def field_value(cls: Any, name: str, value: Any, accepted: tuple[type, ...] | None, hint: Any) -> tuple[Any, Any]:
-    """``(entry for the inner node, None)`` for a data value (a tensorclass as its node), ``(None, value)``
-    for a static one; FieldError naming the field for a value of another type than ``accepted``."""
-    if accepted is not None and not isinstance(value, accepted):
-        raise FieldError(f"{cls.__name__}.{name} expects {hint_name(hint)}, got {type(value).__name__}")
-    if isinstance(value, _DATA):
-        return value, None
-    if isinstance(value, Holder):  # a tensorclass
-        return value._td, None
-    if isinstance(value, STATIC_TYPES):
-        return None, value
-    raise FieldError(
-        f"{cls.__name__}.{name} is a {type(value).__name__}: a field holds a tensor, a TensorDict, "
-        "a tensorclass, or a static str, int, float, bool, None or enum member"
-    )
-
-
-def split(
-    cls: Any, checks: Sequence[Check], values: Mapping[str, Any]
-) -> tuple[dict[str, Any], tuple[tuple[str, Any], ...]]:
-    """The data entries (in declaration order) and the static pairs of ``values``, each checked by
-    :func:`field_value`. KeyError when ``values`` lacks a field (the caller binds first)."""
-    data: dict[str, Any] = {}
-    static: list[tuple[str, Any]] = []
-    for name, accepted, hint, _ in checks:
-        value = values[name]
-        if accepted is None or isinstance(value, accepted):  # the common cases, told inline
-            if isinstance(value, _DATA):
-                data[name] = value
-                continue
-            if isinstance(value, STATIC_TYPES):
-                static.append((name, value))
-                continue
-        entry, plain = field_value(cls, name, value, accepted, hint)
-        if entry is not None:
-            data[name] = entry
-        else:
-            static.append((name, plain))
-    return data, tuple(static)
-
-
-def fill_record(obj: Any, td: Node, static: tuple[tuple[str, Any], ...], values: Mapping[str, Any]) -> None:
-    """Write the slots of the tensorclass instance ``obj``: the inner node ``td``, the static pairs and
-    every field (data fields as ``td`` holds them; a nested tensorclass rewrapped when the node holds a
-    new sub-node for it)."""
-    object.__setattr__(obj, "_td", td)
-    object.__setattr__(obj, "_static", static)
-    entries = td._data
-    for name, value in values.items():
-        entry = entries.get(name, value)  # a static value, or the leaf or node as the inner node holds it
-        if entry is not value and isinstance(value, Holder):
-            entry = value if entry is value._td else value._wrap(entry)
-        object.__setattr__(obj, name, entry)
-
-
-def record(
-    obj: Any,
-    root: type[Node],
-    checks_of: Callable[[Any], Sequence[Check]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    batch_size: Any,
-    device: Any,
-) -> None:
-    """Write the slots of ``obj``, a tensorclass instance fresh from its constructor, from the
-    constructor's arguments; its inner node is of type ``root``. ``checks_of(cls)`` makes the class's
-    checks once (and ``cls._tensors_only``: the fields in canonical order when every field takes a
-    plain tensor, else None); they are kept as ``cls._checks``.
-
-    The fields are bound (:func:`bind`) and checked (:func:`split`), then the batch size, the device
-    and the data entries as the TensorDict constructor checks them (:func:`_checked`); a
-    BatchSizeError names the class.
-    """
-    cls = type(obj)
-    checks = cls.__dict__.get("_checks") or checks_of(cls)
-    if not args and _plain_record(obj, cls, root, checks, kwargs, batch_size, device):
-        return
-    values = kwargs if not args and kwargs.keys() == cls._fieldset else bind(cls, args, kwargs)
-    data, static = split(cls, checks, values)
-    size = as_batch_size(batch_size)
-    try:
-        data, dev = _checked(root, data, size, device if device is None else as_device(device), (), cls._ordered)
-    except BatchSizeError as err:
-        raise BatchSizeError(f"{cls.__name__}: {err}") from None
-    fill_record(obj, make(root, data, size, dev), static, values)
-
-
-def _plain_record(
-    obj: Any, cls: Any, root: type[Node], checks: Sequence[Check], kwargs: dict[str, Any], batch_size: Any, device: Any
-) -> bool:
-    """:func:`record`'s common case in one pass over the fields, with the checks :func:`_checked` makes
-    inline: every field given by name; each data value a plain tensor, or an untagged node of type
-    ``root`` (a tensorclass's own) with a device, whose shape starts with the batch size, all on one
-    device; each other value a static one of its field's type. False for anything else (``obj``
-    partly written): :func:`record` then checks from the start and reports what is wrong, in its order.
-    """
-    tensors_only: tuple[str, ...] | None = cls._tensors_only
-    # Fields given in canonical order (what a tensors-only class keeps as its node's data) are every
-    # field by name: one compare of the key tuple then stands for the compare of key sets.
-    given = tuple(kwargs) if tensors_only is not None else ()
-    if (given != tensors_only and kwargs.keys() != cls._fieldset) or (
-        device is not None and type(device) is not torch.device
-    ):
-        return False
-    if batch_size is None:
-        size = NO_BATCH
-    else:
-        try:
-            size = as_batch_size(batch_size)
-        except (TypeError, ValueError):
-            return False  # the full path reports a field's error before this one
-    n = len(size)
-    # a shape s fits when size <= s < hi, as in _checked
-    hi = (size[0], size[1] + 1) if n == 2 else (size[0] + 1,) if n == 1 else (*size[:-1], size[-1] + 1) if n else ()
-    cpu = device is not None and device == CPU
-    found = CPU if cpu else device
-    if tensors_only is not None:
-        # every field takes a tensor: one loop over the values as given, and ``kwargs`` (the dict
-        # __init__ got, which no caller holds) is the node's data when given in canonical order
-        for name, value in kwargs.items():
-            if type(value) is not _Tensor or (n and not size <= value.shape < hi):
-                break
-            if not (value.is_cpu if found is CPU else value.device == found):
-                if found is not None:
-                    return False  # to move to ``device``, or leaves on different devices
-                on = value.device
-                found = CPU if on == CPU else on
-            object.__setattr__(obj, name, value)
-        else:
-            data = kwargs if given == tensors_only else {k: kwargs[k] for k in tensors_only}
-            object.__setattr__(obj, "_td", make(root, data, size, found if device is None else device))
-            object.__setattr__(obj, "_static", ())
-            return True
-        found = CPU if cpu else device
-    data = {}
-    static: list[tuple[str, Any]] = []
-    for name, accepted, _, takes_tensor in checks:
-        value = kwargs[name]
-        if type(value) is _Tensor and takes_tensor:
-            if n and not size <= value.shape < hi:
-                return False
-            if not (value.is_cpu if found is CPU else value.device == found):
-                if found is not None:
-                    return False
-                on = value.device
-                found = CPU if on == CPU else on
-            data[name] = value
-        elif accepted is not None and not isinstance(value, accepted):
-            return False
-        elif isinstance(value, STATIC_TYPES):
-            static.append((name, value))
-        else:
-            # an untagged node or tensorclass (its sub-nodes untagged too, by the tag invariant) with a
-            # device is kept as it is, as _checked keeps it
-            node = value._td if isinstance(value, Holder) else value
-            if type(node) is not root:  # not a node, or a tagged one
-                return False
-            _, shape, held, _ = node._meta
-            if held is None or (n and not size <= shape < hi):
-                return False
-            if found is None:
-                found = CPU if held == CPU else held
-            elif held != found:
-                return False
-            data[name] = node
-        object.__setattr__(obj, name, value)
-    td = make(root, data if cls._ordered else sorted_data(data), size, found if device is None else device)
-    object.__setattr__(obj, "_td", td)
-    object.__setattr__(obj, "_static", tuple(static))
-    return True

@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, dataclass_transform
 import torch
 
 from .._base import Layout, layout, with_meta
+from .._fields import STATIC_TYPES, Check, bind, field_value, fill_record, hint_name, record, split
 from .._node import TensorDict
 from .._repr import record_repr
 from .._tags import Locked, tag_rule
 from .._torch_private import substitute_in_graph
-from .._validate import CPU, STATIC_TYPES, Check, bind, field_value, fill_record, hint_name, record, split
+from .._validate import CPU
 from ..errors import BatchSizeError, FieldError, LockedError
 from ._ops import RecordOps
 from ._pytree import register, rewrap
@@ -154,7 +155,7 @@ def _accepted(hint: Any) -> tuple[type, ...] | None:
 
 def _checks(cls: Any) -> tuple[Check, ...]:
     """Per field: its name, the types it takes, its annotation and whether it takes a plain tensor
-    (the checks of :func:`tdtree._validate.record`); made on first construction."""
+    (the checks of :func:`tdtree._fields.record`); made on first construction."""
     checks = cls.__dict__.get("_checks")
     if checks is None:
         hints = _hints(cls)
@@ -234,7 +235,7 @@ def replaced(tc: Any, changes: dict[str, Any]) -> Any:
     takes, copy = cls.__dict__.get("_swap") or _swap(cls)
     old = td._data
     n = len(size)
-    # a shape s fits when size <= s < hi, as _validate._checked tells it
+    # a shape s fits when size <= s < hi, as _validate.checked_data tells it
     hi = (size[0], size[1] + 1) if n == 2 else (size[0] + 1,) if n == 1 else (*size[:-1], size[-1] + 1) if n else ()
     cpu = device is CPU
     for name, value in changes.items():
@@ -415,7 +416,7 @@ class TensorClass(RecordOps, metaclass=TensorClassMeta):
     else:
 
         def __init__(self, *args: Any, batch_size: Any = None, device: Any = None, **kwargs: Any) -> None:
-            # every check is _validate.record's, the class's own checks made by _checks on first use
+            # every check is _fields.record's, the class's own checks made by _checks on first use
             record(self, TensorDict, _checks, args, kwargs, batch_size, device)
 
         @property
