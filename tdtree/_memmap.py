@@ -402,7 +402,9 @@ def _open(prefix: str, doc: object, mode: str, dir_fd: int, meta_id: tuple[int, 
     return retag(assemble(doc.get("tree"), nested, root, leaf, corrupt, device), _TAGS)
 
 
-_LOAD_ATTEMPTS = 20
+# how long a load keeps trying while other writers replace the directory under it (a count of tries
+# ran out on a loaded machine, where a writer can be descheduled between its two renames)
+_LOAD_WAIT = 5.0
 
 
 def _open_dir(prefix: str, last: bool) -> int:
@@ -413,7 +415,8 @@ def _open_dir(prefix: str, last: bool) -> int:
     except FileNotFoundError:
         parent, name = os.path.split(prefix)
         head = f".{name[:40]}."
-        if not last and any(e.startswith(head) for e in _listdir(parent)):
+        # a writer between its two renames: its directories are there, or prefix is back already
+        if not last and (os.path.lexists(prefix) or any(e.startswith(head) for e in _listdir(parent))):
             time.sleep(0.001)
             return -1
         raise MemmapError(f"missing metadata file {os.path.join(prefix, META)}: {prefix} does not exist") from None
@@ -442,8 +445,10 @@ def load(prefix: str | os.PathLike[str], mode: str) -> tuple[Any, Any, str]:
     if mode not in ("r", "r+", "c"):
         raise ValueError(f"mode must be 'r' (read-only), 'r+' (shared writes) or 'c' (copy-on-write), got {mode!r}")
     prefix = os.path.abspath(os.fspath(prefix))
-    for attempt in range(_LOAD_ATTEMPTS):
-        dir_fd = _open_dir(prefix, last=attempt + 1 == _LOAD_ATTEMPTS)
+    deadline = time.monotonic() + _LOAD_WAIT
+    while True:
+        last = time.monotonic() > deadline
+        dir_fd = _open_dir(prefix, last)
         if dir_fd < 0:
             continue
         try:
@@ -453,12 +458,10 @@ def load(prefix: str | os.PathLike[str], mode: str) -> tuple[Any, Any, str]:
         except MemmapError:
             # a writer replaced prefix while it was read (and deleted the files not yet opened):
             # read the new directory; a directory that stayed in place is broken, say so
-            if attempt + 1 == _LOAD_ATTEMPTS or not _replaced(prefix, dir_fd):
+            if last or not _replaced(prefix, dir_fd):
                 raise
         finally:
             os.close(dir_fd)
-    else:  # every attempt found prefix missing while a writer was swapping (the last one raised)
-        raise AssertionError("unreachable")
     return node, doc.get("record"), os.path.join(prefix, META)
 
 

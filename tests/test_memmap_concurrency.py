@@ -36,16 +36,18 @@ def _writer(prefix: str, value: float, out: mp.Queue) -> None:
 
 def _reader(prefix: str, out: mp.Queue) -> None:
     loads = torn = errors = 0
+    why = ""
     end = time.monotonic() + DURATION
     while time.monotonic() < end:
         try:
             got = tt.load_memmap(prefix)
-        except MemmapError:
+        except MemmapError as err:
             errors += 1
+            why = str(err)  # the last refusal, for the failure message
             continue
         loads += 1
         torn += len(_values(got)) != 1
-    out.put(("load", loads, torn, errors))
+    out.put(("load", loads, torn, errors) + ((why,) if errors else ()))
 
 
 def test_two_writers_one_reader_never_mix(tmp_path) -> None:
