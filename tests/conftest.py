@@ -1,6 +1,8 @@
-"""A corpus of representative nodes reused across tests, with readable ids."""
+"""A corpus of representative nodes reused across tests, with readable ids, and the fixtures several test modules share."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -39,3 +41,12 @@ CORPUS = _corpus()
 @pytest.fixture(params=sorted(CORPUS), ids=sorted(CORPUS))
 def corpus_td(request: pytest.FixtureRequest) -> tt.TensorDict:
     return CORPUS[request.param]
+
+
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    """An empty dynamo cache before and after the test: compiled tests count their compiles, graphs
+    and guards, which another test's cached code would change."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -22,11 +22,7 @@ import tdtree as tt
 DEPTH = 60
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py: a fresh dynamo cache
 
 
 def deep_dict() -> dict[str, Any]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,12 +16,7 @@ from tdtree.nn import TDModule, TDSequential, from_module, functional_call
 from tdtree.optim import adam, adam_init, sgd
 from tdtree.testing import assert_close
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py: a fresh dynamo cache
 
 
 def check(fn: Callable[..., Any], *args: Any, backend: str = "aot_eager") -> Any:

@@ -15,12 +15,7 @@ from tdtree import TensorDict
 from tdtree.nn import TDModule, TDSequential
 from tdtree.testing import assert_equal
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py: a fresh dynamo cache
 
 
 def flat() -> TensorDict:

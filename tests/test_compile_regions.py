@@ -23,12 +23,7 @@ import tdtree as tt
 from tdtree import TensorDict
 from tdtree import _torch_private as P
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py: a fresh dynamo cache
 
 
 def _leaves() -> dict[str, Any]:

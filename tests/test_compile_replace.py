@@ -32,11 +32,7 @@ def make_rec(seed: int = 0) -> Rec:
     return Rec(torch.randn(4, 3, generator=g), leaf, "hi", batch_size=[4])
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py: a fresh dynamo cache
 
 
 REPLACED: dict[str, Callable[[Rec], Rec]] = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pickle
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,12 +19,7 @@ import tdtree as tt
 from tdtree import Locked, Shared, TensorDict
 from tdtree.errors import BatchSizeError, KeyMismatchError, KeyNotFoundError, LockedError, NotANodeKeyError
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py: a fresh dynamo cache
 
 
 class Pair(tt.TensorClass):

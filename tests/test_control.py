@@ -128,11 +128,7 @@ def run(prog: Callable[[Any, Any], Any], control: Any, mode: str) -> Callable[[A
     return fn if mode == "eager" else torch.compile(fn, backend=mode, fullgraph=True)
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")  # tests/conftest.py: a fresh dynamo cache
 
 
 def check_program(name: str, kind: str, mode: str) -> None:

@@ -655,13 +655,6 @@ def test_load_memmap_refuses_a_bad_record(tmp_path, edit, message):
 # -- torch.compile --------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def step(obs: Obs) -> Obs:
     moved = obs.replace(x=obs.x * obs.scale + obs.inner.y.sum(-1, keepdim=True))
     return (moved[1:] + 1).reshape(3, 1)
