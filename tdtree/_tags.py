@@ -157,13 +157,24 @@ def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
     # a walk of ``_data`` (optree would call back per node and check every leaf against its
     # registry), which also tells whether retag has work to do; a leaf that is not a tensor (the
     # placeholders torch unflattens into node structures) holds no storage and is passed over
+    # (from an explicit stack of the levels above, as _maps.leaves walks: a node is as deep as a
+    # nested dict gets)
     uniform = type(node)._tags == tags
-    for v in node._data.values():
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, Node):
-            uniform = _scan(v, tags, out) and uniform
-    return uniform
+    values = iter(node._data.values())
+    above = []
+    while True:
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                out.append(v)
+            elif isinstance(v, Node):
+                uniform = uniform and type(v)._tags == tags
+                above.append(values)
+                values = iter(v._data.values())
+                break
+        else:
+            if not above:
+                return uniform
+            values = above.pop()
 
 
 def _is_key(x: Any) -> bool:

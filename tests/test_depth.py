@@ -162,6 +162,18 @@ def test_lock_share_memory() -> None:
     same(shared, d)
 
 
+def test_operations_on_a_locked_node_apply_the_rule() -> None:
+    # the rule walks the inputs' and results' leaves: a view keeps Locked at every level, new storage drops it
+    d = chain()
+    locked = TensorDict(d).lock()
+    sub = locked.select("n")
+    assert sub["n"].tags == sub[deep_key()[:-1]].tags == locked.tags != frozenset()
+    same(sub["n"], d["n"])
+    out = locked + 1
+    assert out.tags == out[deep_key()[:-1]].tags == frozenset()
+    same(out, plus_one(d))
+
+
 def test_pickle_deepcopy() -> None:
     d = chain()
     td = TensorDict(d)
