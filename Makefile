@@ -16,7 +16,10 @@ VENV ?= .venv
 # the workers fill the cores, and a thread pool per worker would wait at each parallel kernel for a
 # core another worker holds. --dist loadfile: a module runs in one worker, so what a module makes once
 # (module-scoped fixtures that start process groups, the matrix's cached compiled traces) is made once
-# (xdist 3.8's loadgroup does not group under pytest 9: its group suffix on node ids is not read)
+# (xdist 3.8's loadgroup does not group under pytest 9: its group suffix on node ids is not read).
+# --no-loadscope-reorder: modules are handed out in the order given, property_tests (the matrices, the
+# longest modules) first; xdist's own order, most tests first, left modules of a few slow tests (process
+# groups, fresh interpreters) for the end, where one worker ran them while the other sat idle.
 TEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -38,7 +41,7 @@ demo: $(STAMP)
 	$(PY) examples/train_functional.py
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests property_tests bench --benchmark-disable --durations=20
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder property_tests tests bench --benchmark-disable --durations=20
 	$(PY) -m pytest -q --doctest-modules tdtree
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check

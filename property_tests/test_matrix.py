@@ -15,9 +15,11 @@ only). It checks:
 * every claim true: each leaf with data of a Shared node ``is_shared()``, of a Memmap
   node has a file behind its storage.
 
-Compiled cells run one function per (input, backend) that calls every row (one dynamo
-trace); when it fails, each row is compiled alone to name the failing ones. They use
-one fixed input; the other contexts draw a few inputs with hypothesis.
+Compiled cells run one function per input that calls every row: one dynamo trace,
+whose graph each backend (eager, aot_eager) compiles and runs, as ``torch.compile``
+with that backend does; when a backend's run fails, the rows are compiled in smaller
+groups to name the failing ones. They use one fixed input; the other contexts draw a
+few inputs with hypothesis.
 """
 
 from __future__ import annotations
@@ -297,7 +299,7 @@ def run_cell(row: Row, context: str, kind: str, spec: tuple[int, ...], newdir: C
     _assert_unchanged(case.x, before)
 
 
-# -- compiled cells: one trace per (input, backend) ------------------------------------------------
+# -- compiled cells: one dynamo trace per input, run by each backend -------------------------------
 
 FULLGRAPH_RAISE = (
     "LockedError under torch.compile is checked with fullgraph=False: torch lets no exception leave a "
@@ -307,43 +309,100 @@ FULLGRAPH_RAISE = (
 _COMPILED: dict[tuple[str, str], tuple[Case, dict[str, Any], Any]] = {}
 
 
-def _compile_rows(rows: list[Row], case: Case, backend: str) -> tuple[Any, ...]:
+class _Backends:
+    """A torch.compile backend that hands dynamo's graph to each backend of ``backends`` and runs the
+    one ``use`` names: the compiled contexts differ only after dynamo, so one trace serves them all.
+
+    Each backend compiles the graph as ``torch.compile(backend=name)`` would; one that fails to
+    compile fails the calls made with it, not the trace.
+    """
+
+    def __init__(self, backends: tuple[str, ...]) -> None:
+        self.backends = backends
+        self.use = backends[0]
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        compiled: dict[str, Any] = {}
+        for name in self.backends:
+            try:
+                compiled[name] = torch._dynamo.lookup_backend(name)(gm, example_inputs)
+            except Exception as e:
+                compiled[name] = e
+
+        def run(*args: Any) -> Any:
+            fn = compiled[self.use]
+            if isinstance(fn, Exception):
+                raise fn
+            return fn(*args)
+
+        return run
+
+
+def compiled_by_each(fn: Callable[[Any], Any], arg: Any, backends: tuple[str, ...]) -> dict[str, Any]:
+    """``fn(arg)`` compiled with ``fullgraph=True`` by each backend of ``backends`` from one dynamo
+    trace, in a fresh cache (never a silent eager fallback at the recompile limit): each backend's
+    result, or the exception its compilation or its run raised."""
+    torch._dynamo.reset()
+    each = _Backends(backends)
+    compiled = torch.compile(fn, fullgraph=True, backend=each)
+    outs: dict[str, Any] = {}
+    for name in backends:
+        each.use = name
+        try:
+            outs[name] = compiled(arg)
+        except Exception as e:
+            outs[name] = e
+    return outs
+
+
+def _compile_rows(rows: list[Row], case: Case, contexts: tuple[str, ...]) -> dict[str, Any]:
+    """Each context's results of ``rows`` (a tuple, one per row) or the exception it raised."""
+
     def batch(x: Any) -> tuple[Any, ...]:
         return tuple(_fn(row, x)(_editable(row, x, case.tags)) for row in rows)
 
-    torch._dynamo.reset()  # a fresh cache: never a silent eager fallback at the recompile limit
-    return torch.compile(batch, fullgraph=True, backend=backend)(case.x)
+    outs = compiled_by_each(batch, case.x, tuple(COMPILED[c] for c in contexts))
+    return {c: outs[COMPILED[c]] for c in contexts}
 
 
-def _compile_group(rows: list[Row], case: Case, backend: str, results: dict[str, Any]) -> None:
-    """Each row's compiled result, or the exception its own compilation raises, into ``results``.
+def _compile_group(rows: list[Row], case: Case, contexts: tuple[str, ...], results: dict[str, dict[str, Any]]) -> None:
+    """Each row's compiled result in each context, or the exception its own compilation raises, into
+    ``results[context]``.
 
-    All rows are traced at once; a failing group is split in chunks of about 8 rows, and only
-    a failing chunk is compiled row by row, so a few failures cost a few small traces.
+    All rows are traced at once; a context whose group fails is split in chunks of about 8 rows, and
+    only a failing chunk is compiled row by row, so a few failures cost a few small traces.
     """
-    try:
-        results.update(zip((r.name for r in rows), _compile_rows(rows, case, backend)))
+    outs = _compile_rows(rows, case, contexts)
+    failed = tuple(c for c in contexts if isinstance(outs[c], Exception))
+    for context in contexts:
+        if context not in failed:
+            results[context].update(zip((r.name for r in rows), outs[context]))
+    if not failed:
         return
-    except Exception as e:
-        if len(rows) == 1:
-            results[rows[0].name] = e
-            return
+    if len(rows) == 1:
+        for context in failed:
+            results[context][rows[0].name] = outs[context]
+        return
     size = 1 if len(rows) <= 8 else 8
     for i in range(0, len(rows), size):
-        _compile_group(rows[i : i + size], case, backend, results)
+        _compile_group(rows[i : i + size], case, failed, results)
 
 
 def _compiled(kind: str, context: str, newdir: Callable[[], str]) -> tuple[Case, dict[str, Any], Any]:
-    """The fixed case of ``kind``, each row's compiled result (or the exception) and the input snapshot."""
-    key = (kind, context)
-    if key not in _COMPILED:
+    """The fixed case of ``kind``, each row's compiled result (or the exception) and the input snapshot.
+
+    Every compiled context of ``kind`` is made at the first call for any of them, from one trace."""
+    if (kind, context) not in _COMPILED:
         case = Case(kind, FIXED_SPEC, newdir, ensemble=False)
         before = _snapshot(case.x)
         rows = [r for r, c, k in CELLS if c == context and k == kind]
-        results: dict[str, Any] = {}
-        _compile_group(rows, case, COMPILED[context], results)
-        _COMPILED[key] = case, results, before
-    return _COMPILED[key]
+        # the compiled contexts run the same rows (a row that cannot be traced cannot be by any backend)
+        assert all([r for r, c, k in CELLS if c == other and k == kind] == rows for other in COMPILED), kind
+        results: dict[str, dict[str, Any]] = {c: {} for c in COMPILED}
+        _compile_group(rows, case, tuple(COMPILED), results)
+        for c in COMPILED:
+            _COMPILED[kind, c] = case, results[c], before
+    return _COMPILED[kind, context]
 
 
 def run_compiled_cell(row: Row, context: str, kind: str, newdir: Callable[[], str]) -> None:
@@ -415,8 +474,8 @@ def newdir(tmp_path_factory: pytest.TempPathFactory) -> Callable[[], str]:
     return lambda: os.path.join(root, str(next(count)))
 
 
-# The compiled cells of one (kind, context) share one trace, cached per process in _COMPILED: make
-# test's pytest-xdist runs a module in one worker (--dist loadfile), so each trace is made once.
+# The compiled cells of one kind share one dynamo trace, its results cached per process in _COMPILED:
+# make test's pytest-xdist runs a module in one worker (--dist loadfile), so each trace is made once.
 @pytest.mark.parametrize(("row", "context", "kind"), CELLS, ids=[f"{r.name}-{c}-{k}" for r, c, k in CELLS])
 def test_matrix(row: Row, context: str, kind: str, newdir: Callable[[], str]) -> None:
     if context in COMPILED:

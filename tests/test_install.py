@@ -23,8 +23,9 @@ RUNS = 8
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """An environment where tdtree is installed as pyproject.toml says: the checkout on the path, a
     dist-info with its entry points ahead of any other install of tdtree (a stale one among them), and
-    bytecode cached (pip compiles it at install; a process that may not write it compiles every module
-    of tdtree at each import). One for the module: the cache, torch's bytecode included, is written once."""
+    bytecode cached as after pip's install: the processes may write tdtree's bytecode next to its
+    sources (a process that may not compiles every module of tdtree at each import) and read torch's
+    where pip wrote it."""
     where = tmp_path_factory.mktemp("installed")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     info = where / f"tdtree-{project['version']}.dist-info"
@@ -36,7 +37,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     )
     # (a process of its own, not a pytest-xdist worker of this run, when the suite runs under xdist)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE" and not k.startswith("PYTEST_XDIST_")}
-    return {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(where)]), "PYTHONPYCACHEPREFIX": str(where / "pyc")}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(where)])}
 
 
 def _run(code: str, env: dict[str, str]) -> str:
