@@ -63,10 +63,11 @@ def _outcome(source: Any, batch: tuple[int, ...], device: Any) -> Any:
 
 
 def _shape(value: Any) -> Any:
-    """The structure of a source: its keys, nested, and the identity of each value that is no dict."""
+    """The structure of a source: its keys, nested, the identity of each value that is no dict and
+    each tensor's version (a write bumps it)."""
     if isinstance(value, dict):
         return {k: _shape(v) for k, v in value.items()}
-    return id(value)
+    return id(value), value._version if isinstance(value, torch.Tensor) else None
 
 
 def _same_node(got: Any, want: Any) -> None:
