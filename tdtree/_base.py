@@ -11,8 +11,8 @@ of the tree);
 ``chain``, ``along`` and ``rebuilt`` build the nodes on one key's path (a new
 path, a selected path, a path with one entry replaced) in one call;
 ``from_levels`` builds a tree of nodes from plain dicts in one call (what
-``unflatten_keys`` makes); ``fill`` writes the slots of a node the constructor
-made.
+``unflatten_keys`` makes, and the constructor from nested dicts); ``fill`` writes the slots of a
+node the constructor made.
 
 The eight result factories build untagged nodes of the root type, whatever
 type or metadata they are given (DESIGN 3.1): a node made from leaves has no
@@ -499,8 +499,9 @@ def from_levels(cls: type[Node], levels: list[tuple[Any, ...]]) -> Any:
     ``(data, parent, name, batch_size, device)``, listed after the level whose dict ``parent`` holds it
     under ``name``; the first, the top, has none. Built bottom up, each put in its parent's dict in place
     of its own (the dicts are the caller's, made for this), its keys put in canonical order; returns
-    the top's node. What unflattening keys makes, in one call (a factory call per level costs about
-    what the level's own writes do)."""
+    the node of the first level (several tops, each with a parent, are built in place). What
+    unflattening keys makes, and the constructor from nested dicts, in one call (a factory call per
+    level costs about what the level's own writes do)."""
     root = cls._root
     node = None
     for data, parent, name, batch_size, device in levels[::-1]:
@@ -510,8 +511,8 @@ def from_levels(cls: type[Node], levels: list[tuple[Any, ...]]) -> Any:
         # level of a deep key) are compared as they are: a sort costs several times that.
         if len(keys) == 2:
             if keys[1] < keys[0]:
-                keys = (keys[1], keys[0])
-                data = {k: data[k] for k in keys}
+                first, second = keys = (keys[1], keys[0])
+                data = {first: data[first], second: data[second]}  # a display: a comprehension costs a frame
         elif len(keys) > 2 and keys != (order := tuple(sorted(keys))):
             data, keys = {k: data[k] for k in order}, order
         node = _new(root)

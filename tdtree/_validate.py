@@ -5,7 +5,10 @@ The TensorDict constructor (:func:`construct`) and a tensorclass's
 (:func:`tdtree._fields.record`, which binds the fields first) run the same checks:
 the keys (str, tuple keys nested), the batch size (:func:`as_batch_size`), the
 device (:func:`as_device`, inferred as :func:`common_device` says), and every
-entry's shape and device (:func:`checked_data`).
+entry's shape and device (:func:`checked_data`). Nested plain dicts are checked in one walk
+from an explicit stack and their nodes made in one factory call (:func:`_plain_levels`); any other
+mapping, and a tree holding something to move, convert or refuse, level by level (:func:`_built`),
+which names the key in its errors. Both reach any depth a nested dict does.
 Errors name the key or field, the batch size expected and the shape found, and are
 raised before anything is built.
 """
@@ -17,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ._base import NO_TAGS, Node, fill, make
+from ._base import NO_TAGS, Node, fill, from_levels, make
 from ._keys import as_path, display
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
@@ -201,6 +204,10 @@ def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: tor
         if device is not None and value._meta[2] != device:
             return build(type(value)._root, value._data, value._meta[1], device, path)
         return retag(value, frozenset())
+    if type(value) is dict:
+        node = _plain_tree(root, value, batch_size, device)
+        if node is not None:
+            return node
     if type(value) is dict or isinstance(value, Mapping):  # a dict is told apart without the ABC check
         data = nest(value, False)  # build only reads it
         for v in data.values():
@@ -350,6 +357,78 @@ def _built(
     return node
 
 
+def _plain_tree(root: type[Node], source: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
+    """The node the nested dicts ``source`` make, when :func:`_plain_levels` keeps every entry as it
+    is; else None, for the general path (:func:`_built`), which decides and raises naming the key."""
+    n = len(batch_size)
+    b = batch_size
+    hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
+    found = CPU if device is not None and device == CPU else device
+    walked = _plain_levels(root, [(source, None, "")], batch_size, hi, device, found)
+    return None if walked is None else from_levels(root, walked[0])
+
+
+def _plain_levels(
+    root: type[Node],
+    todo: list[tuple[dict[str, Any], Any, str]],
+    batch_size: torch.Size,
+    hi: tuple[int, ...],
+    device: torch.device | None,
+    found: torch.device | None,
+) -> tuple[list[tuple[Any, ...]], torch.device | None] | None:
+    """For the nested dicts of ``todo`` (each ``(dict, parent, key)``: its node goes to ``parent[key]``),
+    :func:`from_levels`' levels and the device found, when every entry is kept as it is: str keys,
+    values that are tensors, dicts or untagged nodes of ``root`` with a device, each starting with
+    ``batch_size`` (below ``hi``, as :func:`checked_data` compares), all on ``found`` (the leaves'
+    device so far: None for none yet; ``device`` when one is given). None otherwise (a value to move,
+    convert or refuse, a tuple key, a mapping that is not a dict, leaves on several devices).
+
+    The checks :func:`checked_data` makes, in one walk from an explicit stack (any depth), each level's
+    entries checked as they are copied; :func:`from_levels` puts each level's keys in canonical order.
+    When the leaves agree on one device, every node takes it, sub-nodes holding no leaves too, as
+    :func:`settle_device` settles them; without leaves, none has one.
+    """
+    n = len(batch_size)
+    dev = device if device is not None else found  # the nodes' device: the one given, else the one found
+    levels: list[tuple[Any, ...]] = []  # (data, parent, key, batch_size, device)
+    unsettled = 0  # levels listed before a leaf told the device (the first ones)
+    try:
+        while todo:
+            mapping, parent, name = todo.pop()
+            data: dict[str, Any] = {}
+            for k, v in mapping.items():
+                if type(k) is not str:
+                    return None
+                if isinstance(v, _Tensor):
+                    if n and not batch_size <= v.shape < hi:
+                        return None
+                    if found is CPU:
+                        if not v.is_cpu:
+                            return None
+                    elif found is None:
+                        found = dev = CPU if v.is_cpu else v.device
+                    elif v.device != found:
+                        return None
+                elif type(v) is dict:
+                    todo.append((v, data, k))  # from_levels puts its node here
+                elif type(v) is root and (held := v._meta[2]) is not None and (not n or batch_size <= v._meta[1] < hi):
+                    if found is None:
+                        found = dev = CPU if held == CPU else held
+                    elif held != found:
+                        return None
+                else:
+                    return None
+                data[k] = v
+            if dev is None:
+                unsettled += 1
+            levels.append((data, parent, name, batch_size, dev))
+    except RuntimeError:  # a strided nested tensor has no shape: entry() says what it says
+        return None
+    if unsettled and dev is not None:
+        levels[:unsettled] = [(*level[:4], dev) for level in levels[:unsettled]]
+    return levels, found
+
+
 def _path_of(levels: list[tuple[Any, Any, str, int]], i: int, path: tuple[str, ...]) -> tuple[str, ...]:
     """The path of ``levels[i]``, below ``path`` (the path of ``levels[0]``)."""
     parts = []
@@ -372,6 +451,7 @@ def checked_data(
     n = len(batch_size)
     checked: dict[str, Any] = {}
     plain = True  # every value a tensor or sub-node on one device: nothing for settle_device to do
+    pending: list[tuple[dict[str, Any], dict[str, Any], str]] | None = None  # the dicts, (dict, checked, key)
     # The device leaves must be on: the one given, else the first leaf's (CPU as the one CPU object).
     found: torch.device | None = CPU if device is not None and device == CPU else device
     # A shape s starts with batch_size (one dim or more) exactly when batch_size <= s < hi, as tuples
@@ -415,7 +495,20 @@ def checked_data(
                 plain = False
                 checked[k] = v
                 continue
-        checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
+        if type(v) is dict:
+            # walked with the other dicts after the loop, in one go (the node goes in its place)
+            if pending is None:
+                pending = []
+            pending.append((v, checked, k))
+            checked[k] = v
+            continue
+        try:
+            checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
+        except Exception:
+            if pending is not None:  # the dicts before ``k`` come first, as errors go in key order
+                for sub, _, before in pending:
+                    entry((*prefix, before), sub, batch_size, device, root)
+            raise
         if device is None and plain:
             # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
             # disagree) is left to settle_device
@@ -424,6 +517,18 @@ def checked_data(
                 plain = False
             elif found is None:
                 found = CPU if on == CPU else on
+    if pending is not None:
+        # the dicts' trees from one walk, when the level's entries agree on a device (a tree holding no
+        # leaves takes it); else each from entry(), and settle_device decides
+        walked = _plain_levels(root, pending, batch_size, hi, device, found) if plain else None
+        if walked is None:
+            for k, v in checked.items():  # the walk took the list; the dicts still hold their places
+                if type(v) is dict:
+                    checked[k] = entry((*prefix, k), v, batch_size, device, root)
+            plain = False
+        else:
+            levels, found = walked
+            from_levels(root, levels)
     if not plain:
         return settle_device(checked, device)
     return checked, found if device is None else device

@@ -41,6 +41,8 @@ CASES: dict[str, tuple[Callable[[TensorDict], Any], Callable[[], TensorDict]]] =
     "stack": (lambda td: tt.stack([td, td + 1], 1), nested),
     # one case per node factory of tdtree._base (their eager bodies are not traceable; their twins are)
     "construct": (lambda td: TensorDict({"x": td["a"] * 2, ("y", "z"): td["b"]}, [4]), flat),
+    # nested plain dicts: the constructor's one walk of them (and the factory building their levels)
+    "construct-dicts": (lambda td: TensorDict({"x": td["a"] * 2, "y": {"z": td["b"], "w": {"q": td["a"]}}}, [4]), flat),
     "make": (lambda td: td.select("a") + 1, nested),
     "from_meta": (lambda td: tt.tree.map(lambda x: x * 2, {"n": td})["n"], nested),
     "with_meta-replace": (lambda td: td.set(("sub", "c"), td["sub", "c"] * 2), nested),
@@ -69,14 +71,24 @@ def test_torch_stack_of_nodes_compiles():
     check_compiled(lambda td: torch.stack([td, td], 0), flat(), "eager")
 
 
-def test_constructor_guards_batch_dims_only():
+@pytest.mark.parametrize("nested", [False, True])
+def test_constructor_guards_batch_dims_only(nested):
     # With dynamic shapes, comparing two leaves' whole shapes would guard on their other dims, and a
-    # call where those dims relate differently (here: equal after unequal) would compile again.
+    # call where those dims relate differently (here: equal after unequal) would compile again. The
+    # leaves of nested dicts are checked by another loop (the walk of plain dicts): it compares so too.
     from torch._dynamo.testing import CompileCounter
 
     counter = CompileCounter()
     fn = torch.compile(
-        lambda x, y: TensorDict({"a": x, "b": y}, [x.shape[0]])["b"] * 2, fullgraph=True, backend=counter, dynamic=True
+        lambda x, y: (
+            TensorDict({"a": x, "n": {"b": y}} if nested else {"a": x, "b": y}, [x.shape[0]])[
+                ("n", "b") if nested else "b"
+            ]
+            * 2
+        ),
+        fullgraph=True,
+        backend=counter,
+        dynamic=True,
     )
     for x, y in [(torch.ones(4, 3), torch.ones(4, 5)), (torch.ones(5, 6), torch.ones(5, 6))]:
         assert_equal(fn(x, y), y * 2)

@@ -221,3 +221,13 @@ def test_sub_nodes_without_leaves_take_the_device_found() -> None:
     holds_only_empty = tt.TensorDict({"e": tt.TensorDict({}, [])}, [])
     td = tt.TensorDict({"a": {"x": torch.zeros(())}, "b": holds_only_empty}, [])
     assert td.device == td["b"].device == td["b", "e"].device == torch.device("cpu")
+
+
+def test_the_first_bad_entry_in_key_order_is_named_nested_or_not() -> None:
+    # nested dicts are checked after the other entries of their level: the error is still the first key's
+    with pytest.raises(BatchSizeError, match=r"\('a', 'x'\) has shape \(3,\)"):
+        tt.TensorDict({"a": {"x": torch.zeros(3)}, "b": torch.zeros(2)}, [4])
+    with pytest.raises(TypeError, match=r"entry \('a', 'n', 'x'\) is a float"):
+        tt.TensorDict({"a": {"n": {"x": 1.0}}, "b": 2.0, "c": {"y": 3.0}}, [])
+    with pytest.raises(BatchSizeError, match=r"'b' has shape \(2,\)"):
+        tt.TensorDict({"a": {"x": torch.zeros(4)}, "b": torch.zeros(2), "c": {"y": torch.zeros(3)}}, [4])
