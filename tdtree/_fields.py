@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ._base import Holder, Node, make, sorted_data
-from ._validate import CPU, NO_BATCH, as_batch_size, as_device, checked_data
+from ._validate import CPU, NO_BATCH, as_batch_size, as_device, checked_data, shape_bound
 from .errors import BatchSizeError, FieldError
 
 __all__ = ["STATIC_TYPES", "Check", "bind", "hint_name", "field_value", "split", "fill_record", "record"]
@@ -169,8 +169,7 @@ def _plain_record(
         except (TypeError, ValueError):
             return False  # the full path reports a field's error before this one
     n = len(size)
-    # a shape s fits when size <= s < hi, as in checked_data
-    hi = (size[0], size[1] + 1) if n == 2 else (size[0] + 1,) if n == 1 else (*size[:-1], size[-1] + 1) if n else ()
+    hi = shape_bound(size)
     cpu = device is not None and device == CPU
     found = CPU if cpu else device
     if tensors_only is not None:

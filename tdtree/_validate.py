@@ -34,6 +34,7 @@ __all__ = [
     "construct",
     "build",
     "checked_data",
+    "shape_bound",
     "entry",
     "put_fitting",
     "settle_device",
@@ -220,6 +221,15 @@ def entry(path: tuple[str, ...], value: Any, batch_size: torch.Size, device: tor
     )
 
 
+def shape_bound(b: torch.Size) -> tuple[int, ...]:
+    """The tuple ``hi`` for which a shape ``s`` of at least ``len(b)`` dims starts with ``b`` exactly
+    when ``b <= s < hi``, as tuples compare: two comparisons in C stand for reading and comparing each
+    batch dim. ``()`` for ``b == ()``, which every shape starts with (callers skip the test). One and
+    two dims, the common batches, are spelled out: slicing a Size makes a new Size."""
+    n = len(b)
+    return (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
+
+
 def put_fitting(
     source: Mapping[str, Any], batch_size: torch.Size, device: torch.device | None, into: dict[str, Any]
 ) -> list[tuple[str, Any]]:
@@ -232,9 +242,7 @@ def put_fitting(
     the rest of an update.
     """
     n = len(batch_size)
-    b = batch_size
-    # a shape s starts with batch_size exactly when batch_size <= s < hi, as checked_data compares
-    hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
+    hi = shape_bound(batch_size)
     cpu = device is CPU or (device is not None and device == CPU)
     rest = []
     for k, v in source.items():
@@ -360,9 +368,7 @@ def _built(
 def _plain_tree(root: type[Node], source: dict[str, Any], batch_size: torch.Size, device: torch.device | None) -> Any:
     """The node the nested dicts ``source`` make, when :func:`_plain_levels` keeps every entry as it
     is; else None, for the general path (:func:`_built`), which decides and raises naming the key."""
-    n = len(batch_size)
-    b = batch_size
-    hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
+    hi = shape_bound(batch_size)
     found = CPU if device is not None and device == CPU else device
     walked = _plain_levels(root, [(source, None, "")], batch_size, hi, device, found)
     return None if walked is None else from_levels(root, walked[0])
@@ -454,13 +460,10 @@ def checked_data(
     pending: list[tuple[dict[str, Any], dict[str, Any], str]] | None = None  # the dicts, (dict, checked, key)
     # The device leaves must be on: the one given, else the first leaf's (CPU as the one CPU object).
     found: torch.device | None = CPU if device is not None and device == CPU else device
-    # A shape s starts with batch_size (one dim or more) exactly when batch_size <= s < hi, as tuples
-    # compare: two comparisons in C stand for reading and comparing each batch dim. They compare batch
-    # dims only, never a leaf's other dims: under torch.compile with dynamic shapes each comparison of
-    # symbolic dims is a guard, and one on a leaf's other dims would recompile for nothing. (hi is
-    # spelled out for one and two dims, the common batches: slicing a Size makes a new Size.)
-    b = batch_size
-    hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
+    # shape_bound's two comparisons compare batch dims only, never a leaf's other dims: under
+    # torch.compile with dynamic shapes each comparison of symbolic dims is a guard, and one on a leaf's
+    # other dims would recompile for nothing.
+    hi = shape_bound(batch_size)
     # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
     for k in data if ordered else sorted(data):
         v = data[k]
