@@ -19,6 +19,7 @@ Results hold new storage, so the tag rule drops tags (``td + 0`` included).
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import operator
 from collections.abc import Callable, Sequence
@@ -28,8 +29,9 @@ import torch
 
 from ._base import Holder, Node, NodeT
 from ._foreach import foreach
+from ._kinds import odd
 from ._lookup import walk_keys
-from ._maps import flat, paired_leaves, rebuild, unflat, unflat_scalar
+from ._maps import flat, leafwise, paired_leaves, rebuild, unflat, unflat_scalar
 from ._tags import tag_rule
 from ._validate import dim_index
 from .errors import BatchDimError, BatchSizeError
@@ -153,14 +155,20 @@ def _binary(
         rhs = _operands(name, node, leaves, other)
         if rhs is NotImplemented:
             return NotImplemented
-        if not leaves:
-            out = leaves
-        elif kernel is not None:
-            out = foreach(kernel)(leaves, rhs)
-        elif type(rhs) is list:
-            out = [op(y, x) for x, y in zip(leaves, rhs)] if reflected else [op(x, y) for x, y in zip(leaves, rhs)]
-        else:
-            out = [op(rhs, x) for x in leaves] if reflected else [op(x, rhs) for x in leaves]
+        try:
+            if not leaves:
+                out = leaves
+            elif kernel is not None:
+                out = foreach(kernel)(leaves, rhs)
+            elif type(rhs) is list:
+                out = [op(y, x) for x, y in zip(leaves, rhs)] if reflected else [op(x, y) for x, y in zip(leaves, rhs)]
+            else:
+                out = [op(rhs, x) for x in leaves] if reflected else [op(x, rhs) for x in leaves]
+        except Exception:
+            fallback = _leaf_by_leaf(name, node, leaves, rhs, (lambda x, y: op(y, x)) if reflected else op)
+            if fallback is None:
+                raise
+            out = fallback
         return unflat(spec, out)
 
     fn.__name__ = fn.__qualname__ = name
@@ -196,10 +204,28 @@ gt = _binary("gt", operator.gt, None, False)
 ge = _binary("ge", operator.ge, None, False)
 
 
+def _leaf_by_leaf(what: str, node: Node, leaves: list[Any], rhs: Any, op: Callable[..., Any]) -> list[Any] | None:
+    """In the ``except`` path of a leaf-wise operation that failed over the whole leaf list (a foreach
+    kernel tells no failing leaf; some kernels refuse a kind the per-leaf op takes: a jagged nested
+    tensor): the per-leaf ``op(leaf, rhs)`` results when a leaf is of a kind the operations are not made
+    for, with LeafError naming the leaf ``op`` fails on; None otherwise (the caller re-raises its failure)."""
+    if not odd(leaves) and not (type(rhs) is list and odd(rhs)):
+        return None
+    return leafwise(what, node, op, leaves, rhs if type(rhs) is list else itertools.repeat(rhs))
+
+
 def _unary(name: str, kernel: Callable[..., Any]) -> Callable[[NodeT], NodeT]:
+    per_leaf = getattr(torch, name)
+
     def fn(node: NodeT) -> NodeT:
         leaves, spec = flat(node)
-        return unflat(spec, foreach(kernel)(leaves) if leaves else leaves)
+        try:
+            return unflat(spec, foreach(kernel)(leaves) if leaves else leaves)
+        except Exception:
+            out = _leaf_by_leaf(name, node, leaves, None, lambda x, _: per_leaf(x))
+            if out is None:
+                raise
+            return unflat(spec, out)
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (

@@ -36,13 +36,15 @@ import torch
 from torch import nn
 
 from ._base import Node, make
+from ._kinds import kind
+from ._lookup import walk
 from ._maps import clone, leaves
 from ._memmap import leaf_name, mappable, origin, reopen
 from ._names import name_of, root_named
 from ._tags import Memmap, Shared, retag, tag_named
 from ._treefile import dtype_name, dtype_named
 from ._validate import build
-from .errors import BatchSizeError, KeyCollisionError, MemmapError, SerializationError
+from .errors import BatchSizeError, KeyCollisionError, LeafError, MemmapError, SerializationError
 
 __all__ = ["reduce_node", "rebuild_node", "deepcopy_node", "reference"]
 
@@ -93,8 +95,26 @@ def _levels(node: Node) -> list[tuple[Any, ...]]:
         if subs:
             values = tuple(None if isinstance(v, Node) else v for v in values)
             todo.extend(subs[::-1])  # the first sub-node next
+        if any(map(_unpicklable, values)):
+            _refuse(node)
         out.append(_level(level, values))
     return out
+
+
+def _unpicklable(value: Any) -> bool:
+    # torch pickles no mkldnn tensor (it has no storage to write), and a nested tensor would pickle but
+    # not come back (the rebuild takes tensors, Parameters and nodes): refused here, before pickle
+    # writes anything, rather than failing with torch's error midway or on loading
+    return isinstance(value, torch.Tensor) and (value.is_nested or value.is_mkldnn)
+
+
+def _refuse(node: Node) -> None:
+    key, value = next((k, v) for k, v in walk(node, True, True) if _unpicklable(v))
+    what, conversion = kind(value)  # type: ignore[misc]
+    raise LeafError(
+        f"pickle: leaf {key!r} is {what}, which a node's pickle cannot hold (torch pickles no mkldnn tensor, "
+        f"and a nested one would not load back): convert it first with {conversion}"
+    )
 
 
 def rebuild_node(

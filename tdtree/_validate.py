@@ -19,6 +19,7 @@ import torch
 
 from ._base import NO_TAGS, Node, fill, make
 from ._keys import as_path, display
+from ._kinds import refuse
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
@@ -382,48 +383,56 @@ def checked_data(
     b = batch_size
     hi = (b[0], b[1] + 1) if n == 2 else (b[0] + 1,) if n == 1 else (*b[:-1], b[-1] + 1) if n else ()
     # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
-    for k in data if ordered else sorted(data):
-        v = data[k]
-        # The common case (a tensor that fits, on the device) is checked inline; entry() handles the rest
-        # and the errors.
-        if isinstance(v, _Tensor) and (not n or batch_size <= v.shape < hi):
-            if found is CPU:
-                here = v.is_cpu
-            elif found is None:  # the first leaf, no device given: its device is the node's
-                found = CPU if v.is_cpu else v.device
-                here = True
-            else:
-                here = v.device == found
-            if here:
-                checked[k] = v
-                continue
-            if device is None:  # leaves on different devices: settle_device decides
-                plain = False
-                checked[k] = v
-                continue
-        elif type(v) is root and v._meta[2] is not None and (not n or batch_size <= v._meta[1] < hi):
-            # an untagged node of this type (its sub-nodes untagged too, by the tag invariant) with a
-            # device: kept as it is, as _plain_record keeps it, without a walk of its tree (which a deep
-            # one would not survive)
-            held = v._meta[2]
-            if found is None:
-                found = CPU if held == CPU else held
-            if held == found:
-                checked[k] = v
-                continue
-            if device is None:
-                plain = False
-                checked[k] = v
-                continue
-        checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
-        if device is None and plain:
-            # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
-            # disagree) is left to settle_device
-            on = v._meta[2] if isinstance(v, Node) else v.device
-            if on is None or (found is not None and on != found):
-                plain = False
-            elif found is None:
-                found = CPU if on == CPU else on
+    order = data if ordered else sorted(data)
+    k, v = "", None  # the entry being checked, for the except path
+    try:
+        for k in order:
+            v = data[k]
+            # The common case (a tensor that fits, on the device) is checked inline; entry() handles the rest
+            # and the errors.
+            if isinstance(v, _Tensor) and (not n or batch_size <= v.shape < hi):
+                if found is CPU:
+                    here = v.is_cpu
+                elif found is None:  # the first leaf, no device given: its device is the node's
+                    found = CPU if v.is_cpu else v.device
+                    here = True
+                else:
+                    here = v.device == found
+                if here:
+                    checked[k] = v
+                    continue
+                if device is None:  # leaves on different devices: settle_device decides
+                    plain = False
+                    checked[k] = v
+                    continue
+            elif type(v) is root and v._meta[2] is not None and (not n or batch_size <= v._meta[1] < hi):
+                # an untagged node of this type (its sub-nodes untagged too, by the tag invariant) with a
+                # device: kept as it is, as _plain_record keeps it, without a walk of its tree (which a deep
+                # one would not survive)
+                held = v._meta[2]
+                if found is None:
+                    found = CPU if held == CPU else held
+                if held == found:
+                    checked[k] = v
+                    continue
+                if device is None:
+                    plain = False
+                    checked[k] = v
+                    continue
+            checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
+            if device is None and plain:
+                # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
+                # disagree) is left to settle_device
+                on = v._meta[2] if isinstance(v, Node) else v.device
+                if on is None or (found is not None and on != found):
+                    plain = False
+                elif found is None:
+                    found = CPU if on == CPU else on
+    except Exception as exc:
+        # a leaf whose shape torch cannot tell (a nested tensor of strided layout) is named with its
+        # kind and conversion; everything else fails as it did
+        refuse("TensorDict", display((*prefix, k)), (v,), exc)
+        raise
     if not plain:
         return settle_device(checked, device)
     return checked, found if device is None else device
