@@ -418,3 +418,18 @@ def test_what_works_per_leaf_works_where_a_foreach_kernel_refuses_the_kind() -> 
     _assert_same_tree(td + 1, {"a": _dense(2, 3) + 1, "j": value + 1})
     _assert_same_tree(1 + td, {"a": 1 + _dense(2, 3), "j": 1 + value})
     _assert_same_tree(td.neg(), {"a": -_dense(2, 3), "j": -value})
+
+
+def test_a_nested_tensor_of_strided_layout_in_a_node_of_batch_size_0_dims() -> None:
+    # no batch dim to compare: the constructor takes it; operations then work as torch does or name it
+    make, words = KINDS["nested_strided"]
+    value = make()
+    td = tt.TensorDict({"a": _dense(3), "n": {"k": value}})
+    assert "nested tensor (layout torch.strided)" in repr(td)
+    _assert_same_tree(td + 1, {"a": _dense(3) + 1, "n": {"k": value + 1}})
+    _assert_same_tree(td.clone(), {"a": _dense(3), "n": {"k": value.clone()}})
+    with pytest.raises(RuntimeError):
+        value.unsqueeze(0)
+    with pytest.raises(LeafError) as err:
+        td.unsqueeze(0)
+    _assert_names(err, "('n', 'k')", words)
