@@ -155,9 +155,13 @@ def contiguous(node: NodeT) -> NodeT:
         ``node`` itself, tags kept, when every leaf already is contiguous, as ``Tensor.contiguous``
         returns the tensor itself; else a new node, tags dropped when a copy holds data.
     """
-    for leaf in leaves(node):
-        if not leaf.is_contiguous():
-            return _contiguous(node)
+    try:
+        for leaf in leaves(node):
+            if not leaf.is_contiguous():
+                return _contiguous(node)
+    except Exception as exc:
+        refuse_first("contiguous", node, torch.Tensor.is_contiguous, exc)
+        raise
     return node
 
 

@@ -19,7 +19,7 @@ import torch
 from ._keys import NestedKey
 from .errors import LeafError
 
-__all__ = ["kind", "odd", "refuse"]
+__all__ = ["kind", "odd", "error", "refuse"]
 
 # the errors torch raises for an operation a tensor's kind does not implement (NotImplementedError
 # is a RuntimeError; a nested tensor's symbolic sizes raise ValueError); tdtree's own named errors and
@@ -47,22 +47,32 @@ def odd(values: Iterable[Any]) -> bool:
     return any(kind(v) is not None for v in values)
 
 
+def error(op: str, key: NestedKey, value: Any, why: str) -> LeafError | None:
+    """The LeafError of ``op`` (named in the message when not empty) for the leaf ``value`` at ``key``,
+    which ``op`` cannot take because of ``why`` (torch's words), naming its kind and conversion; None
+    when ``value`` is not of a kind :func:`kind` names."""
+    found = kind(value)
+    if found is None:
+        return None
+    what, conversion = found
+    return LeafError(
+        f"{op + ': ' if op else ''}leaf {key!r} is {what}, which this operation cannot take ({why}); a node's "
+        f"operations are made for strided tensors: convert it first with {conversion}"
+    )
+
+
 def refuse(op: str, key: NestedKey, row: Iterable[Any], exc: BaseException) -> None:
-    """In the ``except`` path of ``op`` (named in the message when not empty) failing with ``exc`` on the leaf at ``key``, whose call took the
+    """In the ``except`` path of ``op`` failing with ``exc`` on the leaf at ``key``, whose call took the
     values ``row`` (the leaf, the leaves paired with it, other arguments; a list or tuple of tensors
-    among them is looked into): raise LeafError from ``exc`` naming the key, the first value of a kind
-    :func:`kind` names and its conversion. Returns when none is, or ``exc`` is not a torch error: the
-    caller re-raises ``exc``."""
+    among them is looked into): raise :func:`error` from ``exc`` for the first value of a kind
+    :func:`kind` names. Returns when none is, or ``exc`` is not a torch error: the caller re-raises
+    ``exc``."""
     if not isinstance(exc, _TORCH_ERRORS) or type(exc).__module__ == LeafError.__module__:
         return
+    said = str(exc).strip().splitlines()
+    why = f"torch: {said[0] if said else type(exc).__name__}"
     for value in row:
         for v in value if isinstance(value, (list, tuple)) else (value,):
-            found = kind(v)
+            found = error(op, key, v, why)
             if found is not None:
-                what, conversion = found
-                said = str(exc).strip().splitlines()
-                raise LeafError(
-                    f"{op + ': ' if op else ''}leaf {key!r} is {what}, which this operation cannot take (torch: "
-                    f"{said[0] if said else type(exc).__name__}); a node's operations are made for strided "
-                    f"tensors: convert it first with {conversion}"
-                ) from exc
+                raise found from exc

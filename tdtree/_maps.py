@@ -11,7 +11,7 @@ import torch
 
 from ._base import NO_TAGS, Node, NodeT, with_meta
 from ._keys import display
-from ._kinds import refuse
+from ._kinds import odd, refuse
 from ._lookup import walk, walk_keys
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
@@ -34,6 +34,7 @@ __all__ = [
     "check_same_keys",
     "paired_leaves",
     "leafwise",
+    "retried",
     "refuse_first",
 ]
 
@@ -361,6 +362,17 @@ def leafwise(op: str, node: Node, fn: Callable[..., Any], *columns: Any) -> list
         refuse(op, walk_keys(node, True, True)[i], row, exc)
         raise
     return out
+
+
+def retried(op: str, node: Node, fn: Callable[..., Any], *columns: Any) -> list[Any] | None:
+    """In the ``except`` path of ``op``, which failed over the whole leaf list at once (a foreach
+    kernel, a comprehension): :func:`leafwise` ``fn`` over the rows again when a leaf of ``columns``'
+    lists is of a kind the operations are not made for, so that what torch computes leaf by leaf is
+    given (a foreach kernel may refuse a kind its per-leaf op takes) and a leaf it fails on is named;
+    None when no leaf is of such a kind (the caller re-raises its failure)."""
+    if not any(odd(c) for c in columns if type(c) is list or type(c) is tuple):
+        return None
+    return leafwise(op, node, fn, *columns)
 
 
 def refuse_first(op: str, node: Node, probe: Callable[[Any], Any], exc: BaseException) -> None:

@@ -12,6 +12,7 @@ nested, quantized or mkldnn value with ``WriteTypeError`` naming the kind, writi
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -266,7 +267,11 @@ def _assert_same_leaf(got: object, want: object) -> None:
 
 
 def _assert_same_tree(got: object, want: object) -> None:
-    if isinstance(want, dict):
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want), (got, want)
+        for g, w in zip(got, want):
+            _assert_same_tree(g, w)
+    elif isinstance(want, dict):
         assert isinstance(got, tt.TensorDict), got
         assert sorted(got.keys()) == sorted(want), (list(got.keys()), list(want))
         for k, w in want.items():
@@ -282,6 +287,20 @@ def _dict_map(fn: Callable[[torch.Tensor], torch.Tensor], d: dict) -> dict:
 def _storages_nbytes(d: dict) -> int:
     # the leaves of these dicts hold storages of their own: nbytes is their sum
     return sum(_storages_nbytes(v) if isinstance(v, dict) else v.untyped_storage().nbytes() for v in d.values())
+
+
+def _dict_leaves(d: dict) -> list[torch.Tensor]:
+    return [x for v in d.values() for x in (_dict_leaves(v) if isinstance(v, dict) else [v])]
+
+
+def _dict_unzip(fn: Callable[[torch.Tensor], tuple], d: dict, count: int) -> tuple:
+    """The tuple of ``count`` dicts whose i-th holds ``fn(leaf)[i]`` at each leaf's key."""
+    mapped = _dict_map(lambda v: tuple(fn(v)), d)
+
+    def part(m: dict, i: int) -> dict:
+        return {k: part(v, i) if isinstance(v, dict) else v[i] for k, v in m.items()}
+
+    return tuple(part(mapped, i) for i in range(count))
 
 
 def _pickled(x: object) -> object:
@@ -312,11 +331,64 @@ OPS: dict[str, tuple[Callable[[tt.TensorDict], object], Callable[[dict], object]
     "flatten_keys": (lambda td: td.flatten_keys(), lambda d: {"a": d["a"], "n.k": d["n"]["k"]}),
     "share_memory": (lambda td: td.share_memory(), lambda d: _dict_map(lambda v: v.clone().share_memory_(), d)),
     "pickle": (_pickled, _pickled),
+    "deepcopy": (copy.deepcopy, copy.deepcopy),
+    "detach": (lambda td: td.detach(), lambda d: _dict_map(torch.Tensor.detach, d)),
+    "contiguous": (lambda td: td.contiguous(), lambda d: _dict_map(torch.Tensor.contiguous, d)),
+    "td - td": (lambda td: td - td, lambda d: _dict_map(lambda v: v - v, d)),
+    "1 - td": (lambda td: 1 - td, lambda d: _dict_map(lambda v: 1 - v, d)),
+    "td * td": (lambda td: td * td, lambda d: _dict_map(lambda v: v * v, d)),
+    "td / 2": (lambda td: td / 2, lambda d: _dict_map(lambda v: v / 2, d)),
+    "td == td": (lambda td: td == td, lambda d: _dict_map(lambda v: v == v, d)),
+    "td < 1": (lambda td: td < 1, lambda d: _dict_map(lambda v: v < 1, d)),
+    "exp": (lambda td: td.exp(), lambda d: _dict_map(torch.exp, d)),
+    "abs": (lambda td: td.abs(), lambda d: _dict_map(torch.abs, d)),
+    "clamp": (lambda td: td.clamp(0, 1), lambda d: _dict_map(lambda v: torch.clamp(v, 0, 1), d)),
+    "where": (
+        lambda td: tt.where(torch.tensor([True, False]), td, td),
+        lambda d: _dict_map(
+            lambda v: torch.where(torch.tensor([True, False]).reshape(2, *[1] * (v.dim() - 1)), v, v), d
+        ),
+    ),
+    "sum(0)": (lambda td: td.sum(0), lambda d: _dict_map(lambda v: torch.sum(v, dim=(0,)), d)),
+    "mean(0)": (lambda td: td.mean(0), lambda d: _dict_map(lambda v: torch.mean(v, dim=(0,)), d)),
+    "amax(0)": (lambda td: td.amax(0), lambda d: _dict_map(lambda v: torch.amax(v, dim=(0,)), d)),
+    "max(0)": (lambda td: tuple(td.max(0)), lambda d: _dict_unzip(lambda v: torch.max(v, 0), d, 2)),
+    "all()": (lambda td: td.all(), lambda d: torch.all(torch.stack([torch.all(v) for v in _dict_leaves(d)]))),
+    "any()": (lambda td: td.any(), lambda d: torch.any(torch.stack([torch.any(v) for v in _dict_leaves(d)]))),
+    "norm": (lambda td: td.norm(), lambda d: _dict_map(lambda v: torch.norm(v, 2), d)),
+    "unbind": (lambda td: td.unbind(0), lambda d: _dict_unzip(lambda v: v.unbind(0), d, 2)),
+    "split": (lambda td: td.split(1, 0), lambda d: _dict_unzip(lambda v: v.split(1, 0), d, 2)),
+    "td[mask]": (
+        lambda td: td[torch.tensor([True, False])],
+        lambda d: _dict_map(lambda v: v[torch.tensor([True, False])], d),
+    ),
+    "td[[1, 0]]": (lambda td: td[[1, 0]], lambda d: _dict_map(lambda v: v[[1, 0]], d)),
+    "td[tensor]": (lambda td: td[torch.tensor([1, 0])], lambda d: _dict_map(lambda v: v[torch.tensor([1, 0])], d)),
+    "view": (lambda td: td.view(2, 1), lambda d: _dict_map(lambda v: v.view(2, 1, *v.shape[1:]), d)),
+    "permute": (
+        lambda td: td.unsqueeze(1).permute(1, 0),
+        lambda d: _dict_map(lambda v: v.unsqueeze(1).permute(1, 0, *range(2, v.dim() + 1)), d),
+    ),
+    "expand": (
+        lambda td: td.unsqueeze(0).expand(3, 2),
+        lambda d: _dict_map(lambda v: v.unsqueeze(0).expand(3, *v.shape), d),
+    ),
+    "flatten": (
+        lambda td: td.unsqueeze(1).flatten(0, 1),
+        lambda d: _dict_map(lambda v: v.unsqueeze(1).flatten(0, 1), d),
+    ),
+    "named_apply": (lambda td: td.named_apply(lambda k, x: x.clone()), lambda d: _dict_map(torch.clone, d)),
+    "apply(·, td)": (lambda td: td.apply(torch.mul, td), lambda d: _dict_map(lambda v: torch.mul(v, v), d)),
+    "zeros_like": (lambda td: torch.zeros_like(td), lambda d: _dict_map(torch.zeros_like, d)),
 }
 # the kinds an operation refuses although torch would compute it for the plain tensor, by design: a
-# nested tensor's pickle would not load back, and share_memory refuses a tensor subclass that runs
-# torch's operations itself (a jagged nested tensor is one)
-REFUSED = {("pickle", "nested_jagged"), ("share_memory", "nested_jagged")}
+# nested tensor's pickle (or deep copy) would not rebuild, and share_memory refuses a tensor subclass
+# that runs torch's operations itself (a jagged nested tensor is one)
+REFUSED = {("pickle", "nested_jagged"), ("deepcopy", "nested_jagged"), ("share_memory", "nested_jagged")}
+# norm takes floating point and complex leaves (a TypeError for others): a quantized one is named
+REFUSED.add(("norm", "quantized"))
+# the operations that refuse a kind before torch runs (nothing of torch's to chain)
+UPFRONT = {"pickle", "deepcopy", "norm"}
 # made by the node constructor's check, tested on its own below
 BUILDABLE = sorted(k for k in KINDS if k != "nested_strided")
 
@@ -339,7 +411,7 @@ def test_each_operation_works_as_torch_or_names_the_leaf(name: str, op: str) -> 
         with pytest.raises(LeafError) as err:
             on_node(td)
         _assert_names(err, "('n', 'k')", words)
-        if op != "pickle":  # refused before pickle starts: nothing of torch's to chain
+        if op not in UPFRONT:
             assert isinstance(err.value.__cause__, (RuntimeError, TypeError, ValueError, IndexError)), err.value
         return
     if (op, name) in REFUSED:
