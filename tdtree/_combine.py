@@ -12,6 +12,7 @@ Results hold new storage, so the tag rule drops tags.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -123,7 +124,7 @@ def _stack(nodes: Sequence[Node], dim: int = 0) -> Node:
             f"(allowed: {-n - 1}..{n})"
         )
     columns = _columns("stack", nodes, None)
-    out = iter(leafwise("stack", first, lambda *group: torch.stack(group, d), *columns))
+    out = iter(leafwise("stack", first, torch.stack, list(zip(*columns)), itertools.repeat(d)))
     return rebuild(first, lambda _: next(out), torch.Size((*batch_size[:d], len(nodes), *batch_size[d:])))
 
 
@@ -143,7 +144,7 @@ def _cat(nodes: Sequence[Node], dim: int = 0) -> Node:
     total = 0
     for node in nodes:
         total += node._meta[1][d]
-    out = iter(leafwise("cat", first, lambda *group: torch.cat(group, d), *columns))
+    out = iter(leafwise("cat", first, torch.cat, list(zip(*columns)), itertools.repeat(d)))
     return rebuild(first, lambda _: next(out), torch.Size((*batch_size[:d], total, *batch_size[d + 1 :])))
 
 
