@@ -12,6 +12,7 @@ Results hold new storage, so the tag rule drops tags.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -19,7 +20,7 @@ import torch
 
 from . import _ops
 from ._base import Holder, Node, layout
-from ._maps import flat, map_leaves, paired_leaves, rebuild
+from ._maps import flat, leafwise, map_leaves, paired_leaves, rebuild
 from ._tags import tag_rule
 from ._torch_private import through_higher_order
 from ._validate import dim_index
@@ -123,7 +124,7 @@ def _stack(nodes: Sequence[Node], dim: int = 0) -> Node:
             f"(allowed: {-n - 1}..{n})"
         )
     columns = _columns("stack", nodes, None)
-    out = iter([torch.stack(group, d) for group in zip(*columns)])
+    out = iter(leafwise("stack", first, torch.stack, list(zip(*columns)), itertools.repeat(d)))
     return rebuild(first, lambda _: next(out), torch.Size((*batch_size[:d], len(nodes), *batch_size[d:])))
 
 
@@ -143,7 +144,7 @@ def _cat(nodes: Sequence[Node], dim: int = 0) -> Node:
     total = 0
     for node in nodes:
         total += node._meta[1][d]
-    out = iter([torch.cat(group, d) for group in zip(*columns)])
+    out = iter(leafwise("cat", first, torch.cat, list(zip(*columns)), itertools.repeat(d)))
     return rebuild(first, lambda _: next(out), torch.Size((*batch_size[:d], total, *batch_size[d + 1 :])))
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ._base import Node, NodeT, make
-from ._maps import flat, leaves, map_leaves
+from ._maps import flat, leaves, map_leaves, refuse_first
 from ._tags import storage_key, tag_rule
 from ._validate import as_device
 
@@ -155,9 +155,13 @@ def contiguous(node: NodeT) -> NodeT:
         ``node`` itself, tags kept, when every leaf already is contiguous, as ``Tensor.contiguous``
         returns the tensor itself; else a new node, tags dropped when a copy holds data.
     """
-    for leaf in leaves(node):
-        if not leaf.is_contiguous():
-            return _contiguous(node)
+    try:
+        for leaf in leaves(node):
+            if not leaf.is_contiguous():
+                return _contiguous(node)
+    except Exception as exc:
+        refuse_first("contiguous", node, torch.Tensor.is_contiguous, exc)
+        raise
     return node
 
 
@@ -171,9 +175,13 @@ def nbytes(node: Node) -> int:
     and a storage counts whole even when a leaf views only part of it."""
     seen: set[int] = set()
     total = 0
-    for leaf in flat(node)[0]:
-        key = storage_key(leaf)
-        if key is not None and key not in seen:
-            seen.add(key)
-            total += leaf.untyped_storage().nbytes()
+    try:
+        for leaf in flat(node)[0]:
+            key = storage_key(leaf)
+            if key is not None and key not in seen:
+                seen.add(key)
+                total += leaf.untyped_storage().nbytes()
+    except Exception as exc:
+        refuse_first("nbytes", node, storage_key, exc)
+        raise
     return total

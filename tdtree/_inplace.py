@@ -46,6 +46,7 @@ from torch import Tensor
 from ._base import Node
 from ._foreach import foreach
 from ._keys import as_path, display
+from ._kinds import kind
 from ._lookup import walk
 from ._torch_private import is_compiling, storage_id, storage_ids, transforms_active
 from .errors import WriteError, WriteShapeError, WriteTypeError
@@ -318,20 +319,11 @@ def refuse_kinds(op: str, named: Any) -> None:
     storage or a shape): the common path reads no kind, so a refused kind costs nothing to writes of
     strided tensors, and the error it would have met is told by name."""
     for path, value in named:
-        if not isinstance(value, Tensor):
+        found = kind(value)
+        if found is None:
             continue
-        layout = value.layout
-        if value.is_nested:
-            why = (
-                f"a nested tensor (layout {layout}); in-place writes take strided tensors: pad it with "
-                "torch.nested.to_padded_tensor(value, padding)"
-            )
-        elif layout is not torch.strided:
-            why = f"a {layout} tensor; in-place writes take strided tensors: convert it with value.to_dense()"
-        elif value.is_quantized:
-            why = f"a quantized {value.dtype} tensor; in-place writes take unquantized tensors: value.dequantize()"
-        else:
-            continue
+        what, conversion = found
+        why = f"{what}; in-place writes take strided, unquantized tensors: convert it with {conversion}"
         raise WriteTypeError(f"{_where(op, path) if path else op}: the value is {why}")
 
 

@@ -11,7 +11,8 @@ import torch
 
 from ._base import NO_TAGS, Node, NodeT, with_meta
 from ._keys import display
-from ._lookup import walk_keys
+from ._kinds import odd, refuse
+from ._lookup import walk, walk_keys
 from ._pytree import NAMESPACE
 from ._tags import tag_rule
 from ._torch_private import substitute_in_graph
@@ -32,6 +33,9 @@ __all__ = [
     "unflat_tree",
     "check_same_keys",
     "paired_leaves",
+    "leafwise",
+    "retried",
+    "refuse_first",
 ]
 
 
@@ -125,23 +129,30 @@ def _refill(
     data: dict[str, Any] = {}
     items = iter(spec._data.items())
     above = []  # (spec, items, data, key) of the levels above, each where it left off
-    while True:
-        for k, v in items:
-            if isinstance(v, Node):
-                above.append((spec, items, data, k))
-                spec, items, data = v, iter(v._data.items()), {}
-                break
-            data[k] = leaf_fn(v) if take is None else take()  # type: ignore[misc]
-        else:
-            meta = spec._meta
-            if root is not None:
-                keys, batch_size, device, _ = meta
-                meta = (keys, root if len(batch_size) == n else torch.Size((*root, *batch_size[n:])), device, NO_TAGS)
-            node = with_meta(type(spec), data, meta)
-            if not above:
-                return node
-            spec, items, data, k = above.pop()
-            data[k] = node
+    k, v = "", None  # the key and leaf being mapped, for the except path
+    try:
+        while True:
+            for k, v in items:
+                if isinstance(v, Node):
+                    above.append((spec, items, data, k))
+                    spec, items, data = v, iter(v._data.items()), {}
+                    break
+                data[k] = leaf_fn(v) if take is None else take()  # type: ignore[misc]
+            else:
+                meta = spec._meta
+                if root is not None:
+                    keys, batch_size, device, _ = meta
+                    size = root if len(batch_size) == n else torch.Size((*root, *batch_size[n:]))
+                    meta = (keys, size, device, NO_TAGS)
+                node = with_meta(type(spec), data, meta)
+                if not above:
+                    return node
+                spec, items, data, k = above.pop()
+                data[k] = node
+    except Exception as exc:
+        if take is None:  # leaf_fn(v) failed at key k: named when v is of a kind the operations are not made for
+            refuse("", display((*(level[3] for level in above), k)), (v,), exc)
+        raise
 
 
 @substitute_in_graph(_refill)
@@ -333,15 +344,56 @@ def rebuild(node: Node, leaf_fn: Callable[[torch.Tensor], Any], root_batch: torc
     return _refill(node, None, leaf_fn, root_size, len(node._meta[1]))
 
 
+def leafwise(op: str, node: Node, fn: Callable[..., Any], *columns: Any) -> list[Any]:
+    """``fn`` over the rows of ``columns`` (lists in ``node``'s leaf order, or iterables repeating one
+    argument), in order: the list of results.
+
+    Where ``fn`` fails on a row holding a tensor of a kind the operations are not made for (sparse,
+    nested, quantized, mkldnn), LeafError naming ``op``, that row's key in ``node`` and the kind, with
+    the failure chained; any other failure as it was.
+    """
+    out: list[Any] = []
+    try:
+        # list.extend keeps the results taken before a failure: their count is the failing row
+        out.extend(map(fn, *columns))
+    except Exception as exc:
+        i = len(out)
+        row = [c[i] for c in columns if type(c) is list or type(c) is tuple]
+        refuse(op, walk_keys(node, True, True)[i], row, exc)
+        raise
+    return out
+
+
+def retried(op: str, node: Node, fn: Callable[..., Any], *columns: Any) -> list[Any] | None:
+    """In the ``except`` path of ``op``, which failed over the whole leaf list at once (a foreach
+    kernel, a comprehension): :func:`leafwise` ``fn`` over the rows again when a leaf of ``columns``'
+    lists is of a kind the operations are not made for, so that what torch computes leaf by leaf is
+    given (a foreach kernel may refuse a kind its per-leaf op takes) and a leaf it fails on is named;
+    None when no leaf is of such a kind (the caller re-raises its failure)."""
+    if not any(odd(c) for c in columns if type(c) is list or type(c) is tuple):
+        return None
+    return leafwise(op, node, fn, *columns)
+
+
+def refuse_first(op: str, node: Node, probe: Callable[[Any], Any], exc: BaseException) -> None:
+    """In the ``except`` path of ``op``, which failed with ``exc`` reading ``node``'s leaves in a way
+    that does not tell which one (a generator, a foreach kernel): LeafError naming the first leaf that
+    ``probe(leaf)`` fails on, when it is of a kind the operations are not made for, chained to that
+    failure. Returns otherwise (the caller re-raises ``exc``)."""
+    for key, leaf in walk(node, True, True):
+        try:
+            probe(leaf)
+        except Exception as err:  # noqa: BLE001 - whatever torch raises, refuse decides
+            refuse(op, key, (leaf,), err)
+            return
+
+
 def _results(what: str, fn: Callable[..., Any], node: Node, others: tuple[Node, ...], named: bool) -> Any:
     values, spec = flat(node)
     columns = [paired_leaves(what, node, other) for other in others]
     if named:
-        keys = walk_keys(node, True, True)
-        return spec, [fn(*row) for row in zip(keys, values, *columns)]
-    if columns:
-        return spec, [fn(*row) for row in zip(values, *columns)]
-    return spec, [fn(x) for x in values]
+        return spec, leafwise(what, node, fn, walk_keys(node, True, True), values, *columns)
+    return spec, leafwise(what, node, fn, values, *columns)
 
 
 def _finish(spec: Node, out: list[Any], batch_size: Any) -> Any:

@@ -51,6 +51,7 @@ from ._base import Node
 from ._files import META_MAX, as_bytes, checked_size, map_regular, open_regular, remove_stale, swap_in
 from ._inplace import mark_read_only
 from ._keys import display
+from ._kinds import kind
 from ._names import name_of, root_named
 from ._tags import Locked, Memmap, retag
 from ._treefile import assemble, describe, flat_tree
@@ -281,6 +282,12 @@ def memmap(
     _check_target(prefix, existsok)
     tree, leaves = describe(node, cpu=True)
     for path, leaf in leaves:
+        odd = kind(leaf)
+        if odd is not None:
+            raise MemmapError(
+                f"cannot memmap leaf {display(path)!r} of dtype {leaf.dtype} to {prefix}: it is {odd[0]}; memmap "
+                f"writes strided tensors of dtypes laid out as plain bytes: convert it first with {odd[1]}"
+            )
         if values and leaf.is_meta:
             raise MemmapError(
                 f"cannot memmap leaf {display(path)!r} to {prefix}: it is a meta tensor, which has a shape and "

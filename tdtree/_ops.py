@@ -19,6 +19,7 @@ Results hold new storage, so the tag rule drops tags (``td + 0`` included).
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import operator
 from collections.abc import Callable, Sequence
@@ -28,8 +29,9 @@ import torch
 
 from ._base import Holder, Node, NodeT
 from ._foreach import foreach
+from ._kinds import error
 from ._lookup import walk_keys
-from ._maps import flat, paired_leaves, rebuild, unflat, unflat_scalar
+from ._maps import flat, leafwise, paired_leaves, rebuild, retried, unflat, unflat_scalar
 from ._tags import tag_rule
 from ._validate import dim_index
 from .errors import BatchDimError, BatchSizeError
@@ -153,14 +155,21 @@ def _binary(
         rhs = _operands(name, node, leaves, other)
         if rhs is NotImplemented:
             return NotImplemented
-        if not leaves:
-            out = leaves
-        elif kernel is not None:
-            out = foreach(kernel)(leaves, rhs)
-        elif type(rhs) is list:
-            out = [op(y, x) for x, y in zip(leaves, rhs)] if reflected else [op(x, y) for x, y in zip(leaves, rhs)]
-        else:
-            out = [op(rhs, x) for x in leaves] if reflected else [op(x, rhs) for x in leaves]
+        try:
+            if not leaves:
+                out = leaves
+            elif kernel is not None:
+                out = foreach(kernel)(leaves, rhs)
+            elif type(rhs) is list:
+                out = [op(y, x) for x, y in zip(leaves, rhs)] if reflected else [op(x, y) for x, y in zip(leaves, rhs)]
+            else:
+                out = [op(rhs, x) for x in leaves] if reflected else [op(x, rhs) for x in leaves]
+        except Exception:
+            column = rhs if type(rhs) is list else itertools.repeat(rhs)
+            fallback = retried(name, node, (lambda x, y: op(y, x)) if reflected else op, leaves, column)
+            if fallback is None:
+                raise
+            out = fallback
         return unflat(spec, out)
 
     fn.__name__ = fn.__qualname__ = name
@@ -197,9 +206,17 @@ ge = _binary("ge", operator.ge, None, False)
 
 
 def _unary(name: str, kernel: Callable[..., Any]) -> Callable[[NodeT], NodeT]:
+    per_leaf = getattr(torch, name)
+
     def fn(node: NodeT) -> NodeT:
         leaves, spec = flat(node)
-        return unflat(spec, foreach(kernel)(leaves) if leaves else leaves)
+        try:
+            return unflat(spec, foreach(kernel)(leaves) if leaves else leaves)
+        except Exception:
+            out = retried(name, node, per_leaf, leaves)
+            if out is None:
+                raise
+            return unflat(spec, out)
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (
@@ -256,7 +273,7 @@ def clamp(node: NodeT, min: Any = None, max: Any = None) -> NodeT:  # noqa: A002
     tensor([0.0000, 0.5000, 1.0000])
     """
     leaves, spec = flat(node)
-    return unflat(spec, [torch.clamp(x, min, max) for x in leaves])
+    return unflat(spec, leafwise("clamp", node, torch.clamp, leaves, itertools.repeat(min), itertools.repeat(max)))
 
 
 # Typed TensorDict, not NodeT: the result takes the type of whichever of three arguments is the first node.
@@ -302,7 +319,7 @@ def where(condition: Node | torch.Tensor, input: Any, other: Any) -> TensorDict:
         if part is NotImplemented:
             raise TypeError(f"where takes nodes, tensors or numbers, got {type(arg).__name__}")
         parts.append(part if type(part) is list else [part] * len(leaves))
-    return unflat(spec, [torch.where(c, x, y) for c, x, y in zip(*parts)])
+    return unflat(spec, leafwise("where", base, torch.where, *parts))
 
 
 def batch_dims(what: str, dim: int | Sequence[int] | None, batch_size: torch.Size) -> tuple[int, ...]:
@@ -439,7 +456,7 @@ def _extreme(
         (d,) = batch_dims(name, dim, node._meta[1])
         kept = _kept(node._meta[1], (d,), keepdim)
         leaves, spec = flat(node)
-        pairs = [torch_fn(x, d, keepdim) for x in leaves]
+        pairs = leafwise(name, node, torch_fn, leaves, itertools.repeat(d), itertools.repeat(keepdim))
         values = unflat(spec, [v for v, _ in pairs], kept)
         indices = unflat(spec, [i for _, i in pairs], kept)
         # torch's structseq holds any objects; its stub types the fields as tensors
@@ -484,11 +501,21 @@ def norm(node: NodeT, p: float = 2.0) -> NodeT:
     leaves, spec = flat(node)
     for i, x in enumerate(leaves):
         if not (x.is_floating_point() or x.is_complex()):
+            named = error("norm", walk_keys(node, True, True)[i], x, f"dtype {x.dtype}")
+            if named is not None:
+                raise named
             raise TypeError(
                 f"norm: the leaf {walk_keys(node, True, True)[i]!r} has dtype {x.dtype}; a norm needs floating point or complex "
                 "leaves (cast with td.float(), or td.exclude the key)"
             )
-    return unflat_scalar(spec, foreach(torch._foreach_norm)(leaves, p) if leaves else leaves)
+    try:
+        out = foreach(torch._foreach_norm)(leaves, p) if leaves else leaves
+    except Exception:
+        fallback = retried("norm", node, torch.norm, leaves, itertools.repeat(p))
+        if fallback is None:
+            raise
+        out = fallback
+    return unflat_scalar(spec, out)
 
 
 def _over_leaves(node: Node, torch_fn: Callable[..., torch.Tensor], empty: bool) -> torch.Tensor:
@@ -497,7 +524,7 @@ def _over_leaves(node: Node, torch_fn: Callable[..., torch.Tensor], empty: bool)
     leaves, _ = flat(node)
     if not leaves:
         return torch.tensor(empty)
-    return torch_fn(torch.stack([torch_fn(x) for x in leaves]))
+    return torch_fn(torch.stack(leafwise(torch_fn.__name__, node, torch_fn, leaves)))
 
 
 def all(node: Node, dim: int | Sequence[int] | None = None, keepdim: bool = False) -> Any:  # noqa: A001

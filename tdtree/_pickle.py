@@ -30,13 +30,16 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
 from ._base import Node, make
-from ._maps import clone, leaves
+from ._kinds import error
+from ._lookup import walk
+from ._maps import clone, leaves, refuse_first
 from ._memmap import leaf_name, mappable, origin, reopen
 from ._names import name_of, root_named
 from ._tags import Memmap, Shared, retag, tag_named
@@ -59,10 +62,18 @@ def reduce_node(node: Node) -> tuple[Any, tuple[Any, ...]]:
 
     A node holding sub-nodes reduces as one flat list of levels (:func:`_levels`), not as nested
     reductions: pickle recurses several C frames for each nested reduction, so a tree reduced level in
-    level would stop pickling far above the depth a node reaches."""
+    level would stop pickling far above the depth a node reaches.
+
+    A nested or mkldnn leaf is a LeafError naming it, before pickle writes anything."""
+    return _reduced(node, "pickle")
+
+
+def _reduced(node: Node, op: str) -> tuple[Any, tuple[Any, ...]]:
+    """:func:`reduce_node`'s reduction, for ``op``: ``"pickle"`` refuses nested and mkldnn leaves (torch
+    pickles no mkldnn tensor), ``"deepcopy"`` nested ones (which the rebuild does not take)."""
     if Memmap in node._meta[3] and _holds_private(node):
         node = clone(node)
-    levels = _levels(node)
+    levels = _levels(node, _unpicklable if op == "pickle" else _nested, op)
     return rebuild_node, (*levels[0], tuple(levels[1:])) if len(levels) > 1 else levels[0]
 
 
@@ -81,7 +92,7 @@ def _level(node: Node, values: tuple[Any, ...]) -> tuple[Any, ...]:
     )
 
 
-def _levels(node: Node) -> list[tuple[Any, ...]]:
+def _levels(node: Node, refused: Callable[[Any], bool], op: str) -> list[tuple[Any, ...]]:
     """The arguments of :func:`rebuild_node` for every node of the tree, parents first (depth first,
     keys in order), each sub-node's value None in its parent's: what :func:`_rebuild_tree` takes."""
     out = []
@@ -93,8 +104,29 @@ def _levels(node: Node) -> list[tuple[Any, ...]]:
         if subs:
             values = tuple(None if isinstance(v, Node) else v for v in values)
             todo.extend(subs[::-1])  # the first sub-node next
+        if any(map(refused, values)):
+            _refuse(node, refused, op)
         out.append(_level(level, values))
     return out
+
+
+# torch pickles no mkldnn tensor (it has no storage to write), and a nested tensor would pickle but not
+# come back (the rebuild takes tensors, Parameters and nodes): refused before pickle writes anything,
+# rather than failing with torch's error midway or on loading
+def _unpicklable(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and (value.is_nested or value.is_mkldnn)
+
+
+def _nested(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_nested
+
+
+def _refuse(node: Node, refused: Callable[[Any], bool], op: str) -> None:
+    key, value = next((k, v) for k, v in walk(node, True, True) if refused(v))
+    why = "a node rebuilds tensors, Parameters and nodes" + (
+        ", and torch pickles no mkldnn tensor" if op == "pickle" else ""
+    )
+    raise error(op, key, value, why)  # type: ignore[misc]
 
 
 def rebuild_node(
@@ -200,8 +232,12 @@ def deepcopy_node(node: Node, memo: dict[int, Any]) -> Any:
     """``copy.deepcopy`` support: what ``copy`` does with :func:`reduce_node`'s reduction, except for a
     Memmap node, which copies its values into memory (untagged, as ``clone()``: new storage) rather than
     mapping the same files again, where writes would reach the original's."""
-    fn, args = reduce_node(retag(node, frozenset()) if Memmap in node._meta[3] else node)
-    out = fn(*copy.deepcopy(args, memo))
+    fn, args = _reduced(retag(node, frozenset()) if Memmap in node._meta[3] else node, "deepcopy")
+    try:
+        out = fn(*copy.deepcopy(args, memo))
+    except Exception as exc:
+        refuse_first("deepcopy", node, copy.deepcopy, exc)
+        raise
     memo[id(node)] = out
     return out
 

@@ -8,12 +8,20 @@ from typing import Any
 import torch
 
 from ._base import Holder, Node
+from ._kinds import kind
 
 __all__ = ["node_repr", "record_repr"]
 
 
 def _leaf(t: torch.Tensor) -> str:
-    return f"Tensor(shape={tuple(t.shape)}, device={t.device}, dtype={t.dtype})"
+    try:
+        shape = tuple(t.shape)
+    except Exception:  # a repr never fails: a nested tensor of strided layout has no sizes torch can tell
+        found = kind(t)
+        if found is None:
+            raise
+        return f"Tensor({found[0]}, device={t.device}, dtype={t.dtype})"
+    return f"Tensor(shape={shape}, device={t.device}, dtype={t.dtype})"
 
 
 def node_repr(node: Node, indent: int = 0) -> str:

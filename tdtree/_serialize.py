@@ -47,6 +47,7 @@ from torch import nn
 from ._base import Node
 from ._files import remove_stale, temp_path
 from ._keys import display
+from ._kinds import kind
 from ._memmap import as_bytes, checked_size, mappable, open_regular, read_header
 from ._names import name_of
 from ._tags import Locked, retag, tag_rule
@@ -107,8 +108,9 @@ def _storage_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def _unsavable(tensor: torch.Tensor) -> str | None:
     """Why ``save`` cannot write ``tensor`` as a leaf that ``load`` reads back (None: it can)."""
-    if tensor.layout != torch.strided or tensor.is_nested:
-        return f"has layout {tensor.layout}{' (nested)' if tensor.is_nested else ''}"
+    odd = kind(tensor)
+    if odd is not None:
+        return f"is {odd[0]} (convert it first with {odd[1]})"
     if type(tensor) not in (torch.Tensor, nn.Parameter):
         return f"is a {type(tensor).__name__}"
     return None

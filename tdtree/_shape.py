@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ._base import NO_TAGS, Node, NodeT, alike, with_meta
-from ._maps import rebuild
+from ._maps import rebuild, refuse_first
 from ._tags import tag_rule
 from ._validate import dim_index
 from .errors import BatchDimError, BatchSizeError
@@ -338,7 +338,11 @@ def _rebuild_many(
     # results of one batch size (unbind's, equal sections') share one metadata tuple per level, and
     # one factory call makes them
     same = root_batches[0] if root_batches and root_batches.count(root_batches[0]) == len(root_batches) else None
-    return tuple(_rebuild_level(node, leaf_fn, root_batches, same, len(node._meta[1])))
+    try:
+        return tuple(_rebuild_level(node, leaf_fn, root_batches, same, len(node._meta[1])))
+    except Exception as exc:
+        refuse_first("", node, leaf_fn, exc)
+        raise
 
 
 def _rebuild_level(

@@ -31,8 +31,9 @@ import torch
 from torch import nn
 
 from ._base import Node
+from ._kinds import kind
 from ._lookup import walk
-from ._maps import leaves, map_leaves
+from ._maps import leaves, map_leaves, refuse_first
 from ._tags import Locked, Shared, retag, storage_key
 from ._torch_private import in_shared_memory
 from .errors import LeafError, SharedMemoryError
@@ -54,10 +55,15 @@ def _check_shareable(node: Node, found: list[torch.Tensor]) -> None:
         cls = type(leaf)
         if cls is not torch.Tensor and cls.__torch_dispatch__ is not _TORCH_DISPATCH:
             key = next(k for k, v in walk(node, True, True) if v is leaf)
+            odd = kind(leaf)  # a jagged nested tensor is such a subclass
+            what, advice = (
+                (f"a {cls.__name__}", "share plain tensors (a DTensor's local shard is leaf.to_local())")
+                if odd is None
+                else (f"{odd[0]}, a {cls.__name__}", f"convert it first with {odd[1]}")
+            )
             raise LeafError(
-                f"share_memory: leaf {key!r} is a {cls.__name__}, a tensor subclass that runs torch's "
-                "operations itself (__torch_dispatch__), whose data tdtree cannot put in shared memory: share "
-                "plain tensors (a DTensor's local shard is leaf.to_local())"
+                f"share_memory: leaf {key!r} is {what}, a tensor subclass that runs torch's operations itself "
+                f"(__torch_dispatch__), whose data tdtree cannot put in shared memory: {advice}"
             )
 
 
@@ -141,7 +147,12 @@ def share_memory(node: Node) -> Any:
     """
     found = leaves(node)
     _check_shareable(node, found)
-    if all(map(_sendable, found)):
+    try:
+        sendable = all(map(_sendable, found))
+    except Exception as exc:
+        refuse_first("share_memory", node, _sendable, exc)
+        raise
+    if sendable:
         return retag(node, _SHARED_LOCKED)
     try:
         copied = map_leaves(_shared_copy, node)

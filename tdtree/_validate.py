@@ -22,6 +22,7 @@ import torch
 
 from ._base import NO_TAGS, Node, fill, from_levels, make
 from ._keys import as_path, display
+from ._kinds import refuse
 from ._tags import retag
 from .errors import BatchSizeError, KeyCollisionError
 
@@ -465,61 +466,68 @@ def checked_data(
     # other dims would recompile for nothing.
     hi = shape_bound(batch_size)
     # Walking the keys sorted builds ``checked`` in canonical order at once: no second pass to sort it.
-    for k in data if ordered else sorted(data):
-        v = data[k]
-        # The common case (a tensor that fits, on the device) is checked inline; entry() handles the rest
-        # and the errors.
-        if isinstance(v, _Tensor) and (not n or batch_size <= v.shape < hi):
-            if found is CPU:
-                here = v.is_cpu
-            elif found is None:  # the first leaf, no device given: its device is the node's
-                found = CPU if v.is_cpu else v.device
-                here = True
-            else:
-                here = v.device == found
-            if here:
+    k, v = "", None  # the entry being checked, for the except path
+    try:
+        for k in data if ordered else sorted(data):
+            v = data[k]
+            # The common case (a tensor that fits, on the device) is checked inline; entry() handles the rest
+            # and the errors.
+            if isinstance(v, _Tensor) and (not n or batch_size <= v.shape < hi):
+                if found is CPU:
+                    here = v.is_cpu
+                elif found is None:  # the first leaf, no device given: its device is the node's
+                    found = CPU if v.is_cpu else v.device
+                    here = True
+                else:
+                    here = v.device == found
+                if here:
+                    checked[k] = v
+                    continue
+                if device is None:  # leaves on different devices: settle_device decides
+                    plain = False
+                    checked[k] = v
+                    continue
+            elif type(v) is root and v._meta[2] is not None and (not n or batch_size <= v._meta[1] < hi):
+                # an untagged node of this type (its sub-nodes untagged too, by the tag invariant) with a
+                # device: kept as it is, as _plain_record keeps it, without a walk of its tree (which a deep
+                # one would not survive)
+                held = v._meta[2]
+                if found is None:
+                    found = CPU if held == CPU else held
+                if held == found:
+                    checked[k] = v
+                    continue
+                if device is None:
+                    plain = False
+                    checked[k] = v
+                    continue
+            if type(v) is dict:
+                # walked with the other dicts after the loop, in one go (the node goes in its place)
+                if pending is None:
+                    pending = []
+                pending.append((v, checked, k))
                 checked[k] = v
                 continue
-            if device is None:  # leaves on different devices: settle_device decides
-                plain = False
-                checked[k] = v
-                continue
-        elif type(v) is root and v._meta[2] is not None and (not n or batch_size <= v._meta[1] < hi):
-            # an untagged node of this type (its sub-nodes untagged too, by the tag invariant) with a
-            # device: kept as it is, as _plain_record keeps it, without a walk of its tree (which a deep
-            # one would not survive)
-            held = v._meta[2]
-            if found is None:
-                found = CPU if held == CPU else held
-            if held == found:
-                checked[k] = v
-                continue
-            if device is None:
-                plain = False
-                checked[k] = v
-                continue
-        if type(v) is dict:
-            # walked with the other dicts after the loop, in one go (the node goes in its place)
-            if pending is None:
-                pending = []
-            pending.append((v, checked, k))
-            checked[k] = v
-            continue
-        try:
-            checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
-        except Exception:
-            if pending is not None:  # the dicts before ``k`` come first, as errors go in key order
-                for sub, _, before in pending:
-                    entry((*prefix, before), sub, batch_size, device, root)
-            raise
-        if device is None and plain:
-            # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
-            # disagree) is left to settle_device
-            on = v._meta[2] if isinstance(v, Node) else v.device
-            if on is None or (found is not None and on != found):
-                plain = False
-            elif found is None:
-                found = CPU if on == CPU else on
+            try:
+                checked[k] = v = entry((*prefix, k), v, batch_size, device, root)
+            except Exception:
+                if pending is not None:  # the dicts before ``k`` come first, as errors go in key order
+                    for sub, _, before in pending:
+                        entry((*prefix, before), sub, batch_size, device, root)
+                raise
+            if device is None and plain:
+                # a sub-node with a device counts as a leaf on it; one without (empty, or leaves that
+                # disagree) is left to settle_device
+                on = v._meta[2] if isinstance(v, Node) else v.device
+                if on is None or (found is not None and on != found):
+                    plain = False
+                elif found is None:
+                    found = CPU if on == CPU else on
+    except Exception as exc:
+        # a leaf whose shape torch cannot tell (a nested tensor of strided layout) is named with its
+        # kind and conversion; everything else fails as it did
+        refuse("TensorDict", display((*prefix, k)), (v,), exc)
+        raise
     if pending is not None:
         # the dicts' trees from one walk, when the level's entries agree on a device (a tree holding no
         # leaves takes it); else each from entry(), and settle_device decides

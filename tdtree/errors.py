@@ -80,9 +80,12 @@ class BatchSizeError(ValueError):
 
 
 class LeafError(TypeError):
-    """A leaf of a kind an operation cannot take: ``share_memory()`` raises it, before any leaf is
-    touched, for a leaf of a tensor subclass that runs torch's operations itself (``__torch_dispatch__``,
-    a DTensor), whose storage is not its data; the message names the key."""
+    """A leaf of a kind an operation cannot take; the message names the key. An operation that torch
+    fails on a sparse, nested, quantized or mkldnn leaf raises it naming the kind and the conversion
+    (``to_dense()``, ``torch.nested.to_padded_tensor``, ``dequantize()``), torch's error chained as its
+    ``__cause__``; ``share_memory()`` raises it, before any leaf is touched, for a leaf of a tensor
+    subclass that runs torch's operations itself (``__torch_dispatch__``, a DTensor), whose storage is
+    not its data."""
 
 
 class KeyMismatchError(ValueError):
