@@ -129,13 +129,14 @@ def _is_tagged_type_traced(t: object, /) -> bool:
 class Node:
     """Base of every node type: the slots, immutability and the pytree hook."""
 
-    # ``_memo``: what the tag rule knows of the node's leaves (``memo``), computed on first use
+    # ``_memo``: what is known of the node's leaves (``memo``: the tag rule's storages, the writers' leaf
+    # kinds), computed on first use
     __slots__ = ("_data", "_meta", "_memo")
     _tags: ClassVar[frozenset] = frozenset()
     _root: ClassVar[type[Node]]
     _data: dict[str, Any]
     _meta: tuple[tuple[str, ...], torch.Size, torch.device | None, frozenset]
-    _memo: tuple[dict[str, Any], Any]
+    _memo: tuple[dict[str, Any], dict[Any, Any]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -393,12 +394,13 @@ def _retagged_traced(
 
 
 def memo(node: Node, compute: Callable[[Node], Any]) -> Any:
-    """``compute(node)``, worked out on the first call for ``node`` and kept on it for the next ones.
+    """``compute(node)``, worked out on the first call for ``node`` and kept on it for the next ones
+    (one value kept for each ``compute``).
 
-    A node never changes, so what is derived from its leaves stays true; the value is kept with the
-    ``_data`` dict it was derived from and worked out again if the constructor ever refills the node.
-    Eager code only: under ``torch.compile`` the tag rule runs a traced twin that keeps nothing on
-    the nodes, which are rebuilt for each call.
+    A node never changes, so what is derived from its leaves stays true; the values are kept with the
+    ``_data`` dict they were derived from and worked out again if the constructor ever refills the node.
+    Eager code only: under ``torch.compile`` the nodes are rebuilt for each call, and their callers
+    (the tag rule, the writers' leaf-kind check) ask no memo there.
     """
     data = node._data
     try:
@@ -406,9 +408,14 @@ def memo(node: Node, compute: Callable[[Node], Any]) -> Any:
     except AttributeError:  # never asked for this node
         kept = None
     if kept is None or kept[0] is not data:
-        kept = (data, compute(node))
+        kept = (data, {})
         _set_memo(node, kept)
-    return kept[1]
+    known = kept[1]
+    try:
+        return known[compute]
+    except KeyError:
+        value = known[compute] = compute(node)
+        return value
 
 
 def fill(node: Node, data: dict[str, Any], meta: tuple) -> None:

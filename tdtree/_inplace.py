@@ -20,7 +20,9 @@ between devices: move the value with ``.to(...)`` first.
 Leaves: an expanded leaf (several elements share one memory cell), an
 inference tensor outside ``torch.inference_mode``, a leaf requiring grad (or a
 view of one) while grad mode is on, and a leaf of a node loaded with
-``load_memmap(prefix, mode="r")`` are refused, as torch would refuse them midway.
+``load_memmap(prefix, mode="r")`` are refused, as torch would refuse them midway;
+so is a sparse, nested or mkldnn leaf, and a quantized one but by ``update_``,
+``copy_`` and ``fill_`` (:func:`leaf_kinds_writable`).
 Lazy conjugate / negative views (``td.apply(torch.conj)`` on complex leaves) are
 written, as ``Tensor.copy_`` / ``zero_`` write them (through the base they view).
 
@@ -37,13 +39,13 @@ import collections
 import math
 import operator
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ._base import Node
+from ._base import Node, memo
 from ._foreach import foreach
 from ._keys import as_path, display
 from ._kinds import kind
@@ -63,6 +65,7 @@ __all__ = [
     "each_writable",
     "read_first",
     "refuse_kinds",
+    "leaf_kinds_writable",
     "mark_read_only",
 ]
 
@@ -327,6 +330,48 @@ def refuse_kinds(op: str, named: Any) -> None:
         raise WriteTypeError(f"{_where(op, path) if path else op}: the value is {why}")
 
 
+def _odd_leaves(node: Node) -> dict[int, tuple[tuple[str, ...], Tensor]]:
+    """The path of each leaf of ``node`` that :func:`kind` names (sparse, nested, quantized, mkldnn),
+    by the leaf's id."""
+    return {id(leaf): (as_path(path), leaf) for path, leaf in walk(node, True, True) if kind(leaf) is not None}
+
+
+_QUANTIZED_WRITERS = frozenset({"update_", "copy_", "fill_"})
+
+
+def leaf_kinds_writable(
+    op: str, node: Node, leaves: list[Tensor] | None = None, filled: Sequence[tuple[Tensor, Any]] = ()
+) -> None:
+    """WriteTypeError when one of ``leaves`` and of the leaves of ``filled`` (``(leaf, number)`` pairs),
+    leaves of ``node`` about to be written (``leaves`` None: every leaf of ``node``), is a sparse,
+    nested, quantized or mkldnn tensor, naming the key, the kind and the conversion, before anything
+    is written.
+
+    torch writes some of these kinds in place and not others, and a call over several leaves that
+    meets one it refuses has written the leaves before it: the writers write strided leaves, and
+    quantized ones by ``update_``, ``copy_`` and ``fill_``. The node's leaves of those kinds are found once for each node (``memo``:
+    a node's leaves never change), so a node written again pays a lookup; not asked under
+    torch.compile, where torch refuses these kinds while tracing, before anything is written.
+    """
+    if is_compiling():
+        return
+    odd = memo(node, _odd_leaves)
+    if not odd:
+        return
+    written = [value for _, value in odd.values()] if leaves is None else [*leaves, *(leaf for leaf, _ in filled)]
+    for leaf in written:
+        hit = odd.get(id(leaf))
+        # a quantized leaf is written by Tensor.copy_ / fill_, which quantize the values (torch has no
+        # zero_ for it, and at[idx] writes cast the value to the leaf's dtype, which torch cannot)
+        if hit is not None and (op not in _QUANTIZED_WRITERS or not leaf.is_quantized):
+            path, value = hit
+            what, conversion = kind(value) or ("", "")
+            raise WriteTypeError(
+                f"{_where(op, path)} is {what}, which {op} does not write: "
+                f"convert the leaf first, e.g. node.set({display(path)!r}, {conversion}) with value the leaf"
+            )
+
+
 def check_number(op: str, path: tuple[str, ...], dtype: torch.dtype, value: Any) -> Any:
     """``value`` when it is a Python number of a kind ``dtype`` takes, in its range; else WriteError."""
     kind = _SCALAR_KIND.get(type(value))
@@ -375,6 +420,7 @@ class Writes:
 
     def run(self) -> None:
         """Write everything, reading all values before the first write."""
+        leaf_kinds_writable(self.op, self.node, self.dst, self.fills)
         src = self.src
         if src:
             if not targets_writable(self.dst):

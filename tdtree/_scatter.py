@@ -21,6 +21,7 @@ from ._inplace import (
     check_number,
     checked,
     each_writable,
+    leaf_kinds_writable,
     read_first,
     refuse_kinds,
     same_device,
@@ -65,6 +66,8 @@ def _pairs(
     except ValueError as err:
         raise WriteIndexError(f"{op}: {err}") from None
     leaves, spec = flat(node)
+    if not inplace:  # (scatter_ asked first, for its fast path too)
+        leaf_kinds_writable(op, node, leaves)
     n = len(node._meta[1])
     if isinstance(value, Node):
         if value._meta[1] != new:
@@ -353,6 +356,7 @@ def scatter_(node: NodeT, index: Any, value: Any) -> NodeT:
             dims (``WriteIndexError``); nothing was written.
         KeyMismatchError: a node value with other keys.
     """
+    leaf_kinds_writable("at[...].set_", node)  # every leaf is written at the index
     if type(index) is int and isinstance(value, Node):
         rows = _row_writes(node, index, value)
         if rows is not None:

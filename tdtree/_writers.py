@@ -17,7 +17,17 @@ from torch import Tensor
 
 from ._base import Node, NodeT
 from ._foreach import foreach
-from ._inplace import Writes, checked, each_writable, math_bits, refuse_kinds, refused, same_device, targets_writable
+from ._inplace import (
+    Writes,
+    checked,
+    each_writable,
+    leaf_kinds_writable,
+    math_bits,
+    refuse_kinds,
+    refused,
+    same_device,
+    targets_writable,
+)
 from ._keys import NestedKey, as_path, display
 from ._lookup import MISSING, get, walk
 from ._pytree import NAMESPACE
@@ -93,11 +103,30 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     writes = Writes("update_", node)
     try:
         _update_pairs(node, source, (), same_device(node, other), writes)
-    except RuntimeError:  # a strided nested value has no shape to compare
+    except WriteError:  # a leaf of a kind torch cannot tell the strides of is named with its kind
+        leaf_kinds_writable("update_", node, _targets(node, source))
+        raise
+    except RuntimeError:  # a leaf whose contiguity torch cannot tell, or a strided nested value's shape
+        leaf_kinds_writable("update_", node, _targets(node, source))
         refuse_kinds("update_", _named(source, ()))
         raise
     writes.run()
     return node
+
+
+def _targets(node: Node, source: Mapping[str, Any]) -> list[Tensor]:
+    """The leaves of ``node`` that the values of ``source`` (nested) would write."""
+    out: list[Tensor] = []
+    for path, _ in _named(source, ()):
+        try:
+            leaf = get(node, path, MISSING)
+        except KeyError:  # a path through a leaf
+            continue
+        if isinstance(leaf, Node):
+            out.extend(t for _, t in walk(leaf, True, True))
+        elif leaf is not MISSING:
+            out.append(leaf)
+    return out
 
 
 def _named(source: Mapping[str, Any], prefix: tuple[str, ...]) -> Any:
@@ -161,7 +190,11 @@ def copy_(node: NodeT, other: Node) -> NodeT:
     if not isinstance(other, Node):
         raise TypeError(f"copy_ takes a node, got {type(other).__name__}; use update_ for a mapping")
     writes = Writes("copy_", node)
-    _copy_pairs(node, other, (), same_device(node, other), writes)
+    try:
+        _copy_pairs(node, other, (), same_device(node, other), writes)
+    except (WriteError, RuntimeError):  # a leaf of a kind torch cannot tell the strides of is named
+        leaf_kinds_writable("copy_", node, [t for _, t in walk(node, True, True)])
+        raise
     writes.run()
     return node
 
@@ -182,6 +215,7 @@ def zero_(node: NodeT) -> NodeT:
     # which mypy reads as a class that no actual tree (tuple, node) is an instance of
     leaves: list[torch.Tensor] = optree.tree_leaves(node, namespace=NAMESPACE)  # type: ignore[arg-type]
     if leaves:
+        leaf_kinds_writable("zero_", node, leaves)
         if not targets_writable(leaves):
             each_writable("zero_", node, leaves, fill=True)
         try:
@@ -220,9 +254,11 @@ def fill_(node: NodeT, key: NestedKey, value: Any) -> NodeT:
             "0-dim tensor (use update_ to write a tensor)"
         )
     if not isinstance(target, Node):
+        leaf_kinds_writable("fill_", node, [target])
         target.fill_(checked("fill_", path, target, value, fill=True))
         return node
     named = [((*path, *as_path(k)), t) for k, t in walk(target, True, True)]
+    leaf_kinds_writable("fill_", node, [leaf for _, leaf in named])
     values = [(leaf, checked("fill_", p, leaf, value, fill=True)) for p, leaf in named]
     for leaf, v in values:
         leaf.fill_(v)

@@ -7,7 +7,9 @@ keeps meta leaves as they are and refuses, before touching any leaf, a leaf whos
 runs torch's operations itself (a DTensor, whose own ``share_memory_()`` crashes the
 process). ``TensorDict(source)`` of a non-mapping is a ``TypeError`` naming what it takes.
 The in-place writers (``update_``, ``at[idx].set_``) and ``at[idx].set`` refuse a sparse,
-nested, quantized or mkldnn value with ``WriteTypeError`` naming the kind, writing nothing.
+nested, quantized or mkldnn value with ``WriteTypeError`` naming the kind, writing nothing, and
+a write that would reach a leaf of such a kind (but a quantized leaf that ``update_``, ``copy_``
+or ``fill_`` writes, as torch does).
 """
 
 from __future__ import annotations
@@ -505,3 +507,74 @@ def test_a_nested_tensor_of_strided_layout_in_a_node_of_batch_size_0_dims() -> N
     with pytest.raises(LeafError) as err:
         td.unsqueeze(0)
     _assert_names(err, "('n', 'k')", words)
+
+
+# Writes into a node that holds such a leaf: torch writes some kinds in place and refuses others, and
+# a call over several leaves that meets a refusal has written the leaves before it. The writers refuse
+# a write that would reach such a leaf, naming it, before anything is written; a write that reaches
+# only strided leaves of the same node is done.
+
+
+def _holding(name: str) -> tt.TensorDict:
+    # a nested tensor of strided layout has no sizes to check a batch size against: batch size ()
+    batch = [] if name == "nested_strided" else [2]
+    return tt.TensorDict({"a": _dense(2, 3), "n": {"x": _dense(2)}, "z": KINDS[name][0]()}, batch)
+
+
+def _writes(td: tt.TensorDict, name: str) -> dict[str, Callable[[], object]]:
+    writes: dict[str, Callable[[], object]] = {
+        "zero_": td.zero_,
+        "copy_": lambda: td.copy_(td.clone()),
+        "fill_ of the leaf": lambda: td.fill_("z", 1.0),
+        "update_": lambda: td.update_({"a": torch.ones(2, 3), "z": KINDS[name][0]()}),
+    }
+    if td.batch_size:
+        writes["at[0].set_ of a number"] = lambda: td.at[0].set_(1.0)
+        writes["at[0].set_ of a row"] = lambda: td.at[0].set_(td.exclude("z")[1].set("z", _dense(3)))
+        writes["at[0].set of a number"] = lambda: td.at[0].set(1.0)
+    return writes
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_write_reaching_such_a_leaf_is_refused_and_writes_nothing(name: str) -> None:
+    words = KINDS[name][1]
+    td = _holding(name)
+    writes = _writes(td, name)
+    if name == "quantized":  # written by update_, copy_ and fill_, as Tensor.copy_ / fill_ write it
+        writes = {k: v for k, v in writes.items() if not k.startswith(("update_", "copy_", "fill_"))}
+    for what, write in writes.items():
+        before = _versions(td.exclude("z"))
+        with pytest.raises(WriteTypeError) as err:
+            write()
+        _assert_names(err, "'z'", words)
+        assert "does not write" in str(err.value), what
+        _assert_unchanged(td.exclude("z"), before)
+
+
+def test_a_quantized_leaf_is_written_as_torch_writes_it() -> None:
+    td = _holding("quantized")
+    want = {k: v.clone() for k, v in td.items(include_nested=True, leaves_only=True)}
+    td.copy_(td.apply(lambda t: t.clone()))
+    td.update_({"a": torch.ones(2, 3), "z": _dense(2, 3) + 1})
+    want["a"] = torch.ones(2, 3)
+    want["z"].copy_(_dense(2, 3) + 1)
+    td.fill_("z", 3)
+    want["z"].fill_(3)
+    for key, value in want.items():
+        got = td[key]
+        assert got.is_quantized == value.is_quantized, key
+        if value.is_quantized:
+            got, value = got.dequantize(), value.dequantize()
+        assert torch.equal(got, value), key
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_write_reaching_strided_leaves_only_is_done(name: str) -> None:
+    td = _holding(name)
+    for _ in range(2):  # the second write finds the node's leaf kinds known
+        td.update_({"a": torch.ones(2, 3)})
+        td.fill_("n", 5.0)
+        want = {"a": torch.ones(2, 3), "x": torch.full((2,), 5.0)}
+        assert torch.equal(td["a"], want["a"]) and torch.equal(td["n", "x"], want["x"])
+        td.update_({"a": torch.zeros(2, 3), "n": {"x": torch.zeros(2)}})
+        assert not td["a"].any() and not td["n", "x"].any()
