@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable
-from itertools import repeat
-from operator import countOf, getitem, is_
+from itertools import compress, repeat
+from operator import countOf, getitem, is_, not_
 from typing import Any, TypeVar
 
 import optree
@@ -111,24 +111,28 @@ class _Known:
         return self._storages
 
 
-def _fresh(leaves: list[torch.Tensor], known: list[_Known]) -> bool:
-    """Whether one of ``leaves`` holds data (a ``storage_key``) on a storage none of ``known`` has."""
+def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False) -> bool:
+    """Whether one of ``leaves`` holds data (a ``storage_key``) on a storage none of ``known`` has
+    (``mixed``: the caller found already that not all of them are the one input's own tensors)."""
     if len(known) == 1:
         ids = known[0].ids
-        if ids.issuperset(map(id, leaves)):
+        if not mixed and ids.issuperset(map(id, leaves)):
             return False  # the input's own tensors (select, exclude, ...): its storages
         seen = known[0].storages
-        # the input's own tensors and views of them (an index, a reshape): its storages, told by a
-        # loop in C (an input leaf's storage is in seen too)
+        # the input's own leaves and views of them (an index, a reshape): its storages, told by one
+        # test in C (the input's leaves are looked up too: cheaper than picking the others out)
         if seen.issuperset(storage_ids(leaves)):
             return False
-        sets = [seen]
-    else:
-        sets = [k.storages for k in known]
+        # stops at the first new storage holding data: one of zero bytes does not decide
+        for storage in storages(leaves):
+            if storage_id(storage) not in seen and holds_data(storage):
+                return True
+        return False
     unknown = leaves
     for k in known:
         ids = k.ids
         unknown = [t for t in unknown if id(t) not in ids]
+    sets = [k.storages for k in known]
     # stops at the first new storage holding data: an operation that computes new tensors is
     # decided by its first leaf
     for storage in storages(unknown):
@@ -150,11 +154,22 @@ def _ruled_one(out: Node, node: Node) -> Any:
     if not common or out is node:
         return retag(out, common)
     known: _Known = memo(node, _Known)
-    if not (known.uniform and known.ids.issuperset(map(id, out._data.values()))):
-        leaves: list[torch.Tensor] = []
-        uniform = _scan(out, common, leaves)
-        if _fresh(leaves, [known]):
+    ids = known.ids
+    values = out._data.values()
+    own = ids.issuperset(map(id, values))
+    if not own:
+        # the first entry that is not the input's own, found by loops in C: a tensor on a new storage
+        # holding data decides, before any walk (the first new tensor of +, clone, update)
+        first = next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
+        if isinstance(first, _Tensor) and _fresh([first], [known], mixed=True):
             return retag(out, NO_TAGS)
+    if not (own and known.uniform):
+        leaves: list[torch.Tensor] = []
+        subs: list[Node] = []
+        uniform = _scan(out, common, leaves, subs)
+        # a result without sub-nodes was just told not to be all the input's own
+        if _fresh(leaves, [known], mixed=not own and not subs):
+            return out if not subs and not type(out)._tags else retag(out, NO_TAGS)
         if uniform:
             return out
     # else every entry is the input's own leaf or sub-node (select, exclude, ...), each sub-node
@@ -424,8 +439,11 @@ def _ruled_out(out: Any, values: Iterable[Any]) -> Any:
         t = type(x)
         # the other arguments the gate passes by type (keys, numbers, tensors) hold no node: select
         # of many keys would otherwise pay a call per key
-        if not (is_untagged_type(t) or (t is tuple and x and type(x[0]) is str)):
-            _nodes_in(x, inputs)
+        if is_untagged_type(t) or (t is tuple and x and type(x[0]) is str):
+            continue
+        if t is dict and all(map(is_, map(type, x.values()), repeat(_Tensor))):
+            continue  # a dict of plain tensors (what update takes), told by a loop in C
+        _nodes_in(x, inputs)
     if len(inputs) == 1 and isinstance(out, Node):
         return _ruled_one(out, inputs[0])  # _decide's common case, a frame less
     return _decide(out, inputs)
