@@ -172,11 +172,14 @@ def _ruled_one(out: Node, node: Node) -> Any:
             return out if not subs and not type(out)._tags else retag(out, NO_TAGS)
         if uniform:
             return out
-    # else every entry is the input's own leaf or sub-node (select, exclude, ...), each sub-node
-    # carrying the input's tags: no walk of the result
+        shallow = False
+    else:
+        # every entry is the input's own leaf or sub-node (select, exclude, ...), each sub-node
+        # carrying the input's tags: no walk of the result, and only its root is retagged
+        shallow = True
     if type(out)._root is not cls._root:
         return retag(out, common)
-    decided = retagged(out, cls, common, variant)
+    decided = retagged(out, cls, common, variant, 0, shallow)
     return out if decided is None else decided
 
 
