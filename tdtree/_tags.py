@@ -161,8 +161,10 @@ def _ruled_one(out: Node, node: Node) -> Any:
         # the first entry that is not the input's own, found by loops in C: a tensor on a new storage
         # holding data decides, before any walk (the first new tensor of +, clone, update)
         first = next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
-        if isinstance(first, _Tensor) and _fresh([first], [known], mixed=True):
-            return retag(out, NO_TAGS)
+        if isinstance(first, _Tensor):
+            key = storage_key(first)
+            if key is not None and key not in known.storages:
+                return retag(out, NO_TAGS)
     if not (own and known.uniform):
         leaves: list[torch.Tensor] = []
         subs: list[Node] = []
