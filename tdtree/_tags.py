@@ -111,6 +111,13 @@ class _Known:
         return self._storages
 
 
+def _in_any(x: int, sets: list[set[int]]) -> bool:
+    for s in sets:
+        if x in s:
+            return True
+    return False
+
+
 def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False) -> bool:
     """Whether one of ``leaves`` holds data (a ``storage_key``) on a storage none of ``known`` has
     (``mixed``: the caller found already that not all of them are the one input's own tensors)."""
@@ -128,11 +135,19 @@ def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False)
             if storage_id(storage) not in seen and holds_data(storage):
                 return True
         return False
-    unknown = leaves
-    for k in known:
-        ids = k.ids
-        unknown = [t for t in unknown if id(t) not in ids]
+    idsets = [k.ids for k in known]
     sets = [k.storages for k in known]
+    for t in leaves:
+        if not _in_any(id(t), idsets):
+            # the first leaf that is no input's own decides when it holds data on a new storage (a +
+            # of two nodes, stack, cat): no pass over the others
+            key = storage_key(t)
+            if key is not None and not _in_any(key, sets):
+                return True
+            break
+    unknown = leaves
+    for ids in idsets:
+        unknown = [t for t in unknown if id(t) not in ids]
     # stops at the first new storage holding data: an operation that computes new tensors is
     # decided by its first leaf
     for storage in storages(unknown):

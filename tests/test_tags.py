@@ -435,6 +435,29 @@ def test_a_result_holding_the_input_s_sub_nodes_carries_the_input_s_tags_everywh
     assert tag_sets(untagged_sub.exclude("b")) == {frozenset({tt.Locked})}  # the input's leaves, retagged
 
 
+@pytest.mark.parametrize(
+    ("last", "keeps"),
+    [
+        (lambda x: torch.ones(2), False),
+        (lambda x: torch.zeros(2, 0), True),
+        (lambda x: x["n", "c"][:, 0], True),
+    ],
+    ids=["new", "zero_byte", "view"],
+)
+def test_two_inputs_a_view_of_the_second_first_then_what_decides(last, keeps: bool) -> None:
+    """With two inputs, a first other leaf on the second input's storage does not end the search: the
+    leaves after it still decide."""
+    a, b = _shared(), _shared()
+
+    @tag_rule
+    def build(x: tt.TensorDict, y: tt.TensorDict) -> tt.TensorDict:
+        return tt.TensorDict({"a": y["a"][:, :2], "b": x["b"], "z": last(x)}, batch_size=[2])
+
+    out = build(a, b)
+    assert (_data_ptrs(out) <= _data_ptrs(a) | _data_ptrs(b)) is keeps
+    assert tag_sets(out) == {SL if keeps else frozenset()}
+
+
 def test_a_node_given_twice_is_one_input() -> None:
     td = _shared()
     assert type(_first(td, td)) is type(td)
