@@ -287,13 +287,20 @@ def _make_tagged_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> A
 
 
 def retagged(
-    node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any], depth: int = 0
+    node: Node,
+    cls: type[Node],
+    tags: frozenset,
+    variant: Callable[[type, frozenset], Any],
+    depth: int = 0,
+    shallow: bool = False,
 ) -> Any:
     """``node`` with every node of its tree carrying exactly ``tags``, or None when every one already
     does. A node is rebuilt only when it or a node below it changes; leaves and unchanged sub-trees are
     shared. ``cls`` is the type of ``node``'s root type with ``tags`` (the root type itself for none)
     and ``tags`` its ``_tags`` (``NO_TAGS`` for none); ``variant(root, tags)`` gives the type for a
-    node of another root type.
+    node of another root type. ``shallow``: the caller has checked that every sub-node of ``node``
+    carries exactly ``tags`` (the tag rule, for a result holding its input's own sub-nodes), so they
+    are not visited.
 
     The tree factory that writes tags: only :func:`tdtree._tags.retag` calls it. One call for the
     whole tree, where a factory call per node cost about what the node's own writes do. It recurses
@@ -307,7 +314,7 @@ def retagged(
     # a node of plain tensors alone (a flat node, each level of a nested one) is told by a count in C:
     # no sub-node to visit, and no loop over its leaves
     entries: Iterable[tuple[str, Any]] = data.items()
-    if len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data):
+    if shallow or (len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data)):
         entries = ()
     for k, v in entries:
         if type(v) is _Tensor or not isinstance(v, Node):
@@ -369,11 +376,16 @@ def _retagged_deep(node: Node, cls: type[Node], tags: frozenset, variant: Callab
 
 @substitute_in_graph(retagged)
 def _retagged_traced(
-    node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any], depth: int = 0
+    node: Node,
+    cls: type[Node],
+    tags: frozenset,
+    variant: Callable[[type, frozenset], Any],
+    depth: int = 0,
+    shallow: bool = False,
 ) -> Any:
     data = node._data
     new = None
-    for k, v in data.items():
+    for k, v in () if shallow else data.items():
         if type(v) is _Tensor or not isinstance(v, Node):
             continue
         out = _retagged_traced(v, cls, tags, variant)

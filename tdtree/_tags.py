@@ -20,8 +20,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable
-from itertools import repeat
-from operator import getitem, is_
+from itertools import compress, repeat
+from operator import countOf, getitem, is_, not_
 from typing import Any, TypeVar
 
 import optree
@@ -87,15 +87,19 @@ def storage_key(tensor: torch.Tensor) -> int | None:
 
 
 class _Known:
-    """What the rule knows of one input node's leaves: their ids, and (asked for only when a result
-    leaf is not one of them) the identities of their storages."""
+    """What the rule knows of one input node: the ids of its leaves and sub-nodes, whether every node
+    of it carries its own tags, and (asked for only when a result leaf is not one of them) the
+    identities of its leaves' storages."""
 
-    __slots__ = ("leaves", "ids", "_storages")
+    __slots__ = ("leaves", "ids", "uniform", "_storages")
 
     def __init__(self, node: Node) -> None:
         self.leaves: list[torch.Tensor] = []
-        _scan(node, NO_TAGS, self.leaves)
+        subs: list[Node] = []
+        self.uniform = _scan(node, type(node)._tags, self.leaves, subs)
+        # a sub-node is its leaves: a result holding it as it is holds them
         self.ids = set(map(id, self.leaves))
+        self.ids.update(map(id, subs))
         self._storages: set[int] | None = None
 
     @property
@@ -107,25 +111,93 @@ class _Known:
         return self._storages
 
 
-def _fresh(leaves: list[torch.Tensor], known: list[_Known]) -> bool:
-    """Whether one of ``leaves`` holds data (a ``storage_key``) on a storage none of ``known`` has."""
-    if len(known) == 1:
-        ids = known[0].ids
-        if ids.issuperset(map(id, leaves)):
-            return False  # the input's own tensors (select, exclude, ...): its storages
-        unknown = [t for t in leaves if id(t) not in ids]
-    else:
-        unknown = [t for t in leaves if not any(id(t) in k.ids for k in known)]
-        if not unknown:
-            return False
-    # stops at the first new storage holding data: an operation that computes new tensors is
-    # decided by its first leaf
-    sets = [k.storages for k in known]
-    for storage in storages(unknown):
-        sid = storage_id(storage)
-        if not any(sid in s for s in sets) and holds_data(storage):
+def _in_any(x: int, sets: list[set[int]]) -> bool:
+    for s in sets:
+        if x in s:
             return True
     return False
+
+
+def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False) -> bool:
+    """Whether one of ``leaves`` holds data (a ``storage_key``) on a storage none of ``known`` has
+    (``mixed``: the caller found already that not all of them are the one input's own tensors)."""
+    if len(known) == 1:
+        ids = known[0].ids
+        if not mixed and ids.issuperset(map(id, leaves)):
+            return False  # the input's own tensors (select, exclude, ...): its storages
+        seen = known[0].storages
+        # the input's own leaves and views of them (an index, a reshape): its storages, told by one
+        # test in C (the input's leaves are looked up too: cheaper than picking the others out)
+        if seen.issuperset(storage_ids(leaves)):
+            return False
+        # stops at the first new storage holding data: one of zero bytes does not decide
+        for storage in storages(leaves):
+            if storage_id(storage) not in seen and holds_data(storage):
+                return True
+        return False
+    idsets = [k.ids for k in known]
+    sets = [k.storages for k in known]
+    for t in leaves:
+        if not _in_any(id(t), idsets):
+            # the first leaf that is no input's own decides when it holds data on a new storage (a +
+            # of two nodes, stack, cat): no pass over the others
+            key = storage_key(t)
+            if key is not None and not _in_any(key, sets):
+                return True
+            break
+    unknown = leaves
+    for ids in idsets:
+        unknown = [t for t in unknown if id(t) not in ids]
+    # stops at the first new storage holding data: an operation that computes new tensors is
+    # decided by its first leaf
+    for storage in storages(unknown):
+        sid = storage_id(storage)
+        for seen in sets:
+            if sid in seen:
+                break
+        else:
+            if holds_data(storage):
+                return True
+    return False
+
+
+def _ruled_one(out: Node, node: Node) -> Any:
+    """The node ``out`` with the rule applied for the one input node ``node``: what :func:`_ruled`
+    does for one result, as most operations return it (one frame, the input's type reused)."""
+    cls = type(node)
+    common = cls._tags
+    if not common or out is node:
+        return retag(out, common)
+    known: _Known = memo(node, _Known)
+    ids = known.ids
+    values = out._data.values()
+    own = ids.issuperset(map(id, values))
+    if not own:
+        # the first entry that is not the input's own, found by loops in C: a tensor on a new storage
+        # holding data decides, before any walk (the first new tensor of +, clone, update)
+        first = next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
+        if isinstance(first, _Tensor):
+            key = storage_key(first)
+            if key is not None and key not in known.storages:
+                return retag(out, NO_TAGS)
+    if not (own and known.uniform):
+        leaves: list[torch.Tensor] = []
+        subs: list[Node] = []
+        uniform = _scan(out, common, leaves, subs)
+        # a result without sub-nodes was just told not to be all the input's own
+        if _fresh(leaves, [known], mixed=not own and not subs):
+            return out if not subs and not type(out)._tags else retag(out, NO_TAGS)
+        if uniform:
+            return out
+        shallow = False
+    else:
+        # every entry is the input's own leaf or sub-node (select, exclude, ...), each sub-node
+        # carrying the input's tags: no walk of the result, and only its root is retagged
+        shallow = True
+    if type(out)._root is not cls._root:
+        return retag(out, common)
+    decided = retagged(out, cls, common, variant, 0, shallow)
+    return out if decided is None else decided
 
 
 def _new_storages(results: list[list[torch.Tensor]], inputs: list[Node]) -> list[bool]:
@@ -152,15 +224,20 @@ def _fresh_runs(known: list[torch.Tensor], leaves: list[torch.Tensor], counts: l
     return torch.Size(out)
 
 
-def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
-    """Append ``node``'s leaves to ``out`` (depth first); whether every node of it carries exactly ``tags``."""
+def _scan(node: Node, tags: frozenset, out: list[torch.Tensor], nodes: list[Node] | None = None) -> bool:
+    """Append ``node``'s leaves to ``out`` (depth first), and its sub-nodes to ``nodes`` when given;
+    whether every node of it carries exactly ``tags``."""
     # a walk of ``_data`` (optree would call back per node and check every leaf against its
     # registry), which also tells whether retag has work to do; a leaf that is not a tensor (the
     # placeholders torch unflattens into node structures) holds no storage and is passed over
     # (from an explicit stack of the levels above, as _maps.leaves walks: a node is as deep as a
     # nested dict gets)
     uniform = type(node)._tags == tags
-    values = iter(node._data.values())
+    data = node._data
+    if len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data):
+        out.extend(data.values())  # a flat node of plain tensors, told by a count in C (as retagged does)
+        return uniform
+    values = iter(data.values())
     above = []
     while True:
         for v in values:
@@ -168,6 +245,8 @@ def _scan(node: Node, tags: frozenset, out: list[torch.Tensor]) -> bool:
                 out.append(v)
             elif isinstance(v, Node):
                 uniform = uniform and type(v)._tags == tags
+                if nodes is not None:
+                    nodes.append(v)
                 above.append(values)
                 values = iter(v._data.values())
                 break
@@ -227,7 +306,11 @@ def holds_tagged(x: Any) -> bool:
 
 def _decide(out: Any, inputs: list[Node]) -> Any:
     """``out`` with the rule applied to every node in it, wherever it sits."""
+    if len(inputs) == 2 and inputs[0] is inputs[1]:
+        inputs = inputs[:1]  # a node with itself (td + td, td * td): one input
     if len(inputs) == 1:  # the common case, told without the generator (a frame dynamo inlines)
+        if isinstance(out, Node):
+            return _ruled_one(out, inputs[0])
         common = type(inputs[0])._tags
     else:
         common = frozenset.intersection(*(type(n)._tags for n in inputs))
@@ -314,9 +397,17 @@ def _ruled_traced(results: list[Any], inputs: list[Node], common: frozenset) -> 
     return decided
 
 
+@substitute_in_graph(_ruled_one)
+def _ruled_one_traced(out: Node, node: Node) -> Any:
+    # compiled, nothing is kept on the nodes (memo): the traced rule decides
+    return _ruled_traced([out], [node], type(node)._tags)[0]
+
+
 def _untagged(x: Any) -> bool:
     """Whether the argument ``x`` holds no tagged node (after the gate's lookup of its type failed)."""
     t = type(x)
+    if is_tagged_type(t):
+        return False
     if t is dict:
         # a dict of tensors (what update takes): its values' types told by a loop in C, without the
         # walk of holds_tagged
@@ -332,7 +423,7 @@ def _untagged(x: Any) -> bool:
                 break
         else:
             return True
-    return not is_tagged_type(t) and not holds_tagged(x)
+    return not holds_tagged(x)
 
 
 def _all_untagged(values: Iterable[Any]) -> bool:
@@ -368,8 +459,13 @@ def _ruled_out(out: Any, values: Iterable[Any]) -> Any:
         t = type(x)
         # the other arguments the gate passes by type (keys, numbers, tensors) hold no node: select
         # of many keys would otherwise pay a call per key
-        if not (is_untagged_type(t) or (t is tuple and x and type(x[0]) is str)):
-            _nodes_in(x, inputs)
+        if is_untagged_type(t) or (t is tuple and x and type(x[0]) is str):
+            continue
+        if t is dict and all(map(is_, map(type, x.values()), repeat(_Tensor))):
+            continue  # a dict of plain tensors (what update takes), told by a loop in C
+        _nodes_in(x, inputs)
+    if len(inputs) == 1 and isinstance(out, Node):
+        return _ruled_one(out, inputs[0])  # _decide's common case, a frame less
     return _decide(out, inputs)
 
 

@@ -15,6 +15,7 @@ from _tagsets import tag_sets
 
 import tdtree as tt
 from tdtree import _tags
+from tdtree._base import make_tagged
 from tdtree._tags import retag, tag_rule
 from tdtree.errors import LockedError
 from tdtree.testing import assert_equal
@@ -376,6 +377,93 @@ def test_what_the_rule_kept_of_a_node_follows_a_refilled_node() -> None:
     assert out["z"].untyped_storage().data_ptr() == fresh.untyped_storage().data_ptr()
     assert out.tags == {tt.Locked}  # a view of the new leaf: a storage the node now uses
     assert td.apply(lambda x: x + 1).tags == frozenset()
+
+
+def _wide(nested: bool) -> tt.TensorDict:
+    """Twelve leaves (a flat node past the rule's count in C), or six of them and a sub-node of six."""
+    leaves: dict = {f"k{i:02d}": torch.full((2,), float(i)) for i in range(12)}
+    if nested:
+        names = sorted(leaves)
+        leaves = {**{k: leaves[k] for k in names[:6]}, "sub": {k: leaves[k] for k in names[6:]}}
+    return tt.TensorDict(leaves, batch_size=[2])
+
+
+def _data_ptrs(td: tt.TensorDict) -> set[int]:
+    """The storages of ``td``'s leaves that hold data, by address (what the rule decides by)."""
+    leaves = td.values(include_nested=True, leaves_only=True)
+    return {t.untyped_storage().data_ptr() for t in leaves if t.untyped_storage().nbytes()}
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize(
+    ("kind", "keeps"),
+    [("new", False), ("view", True), ("zero_byte", True)],
+)
+def test_one_leaf_among_the_input_s_leaves_and_views_decides(nested: bool, where: str, kind: str, keeps: bool) -> None:
+    """A result of the input's own leaves, views of them and one other leaf, wherever it sits: a new
+    storage holding data drops the tags, a view of an input leaf or a zero-byte tensor keeps them."""
+    td = _wide(nested).share_memory()
+    data = td.to_dict()
+    level = data["sub"] if nested else data
+    names = sorted(level)
+    for name in names[1::2]:
+        level[name] = level[name][:]  # views of the input's leaves, other tensors on its storages
+    other = {"new": torch.ones(2), "view": td["k00"][1:].expand(2), "zero_byte": torch.zeros(2, 0)}[kind]
+    level[names[{"first": 0, "middle": len(names) // 2, "last": -1}[where]]] = other
+    built = tt.TensorDict(data, batch_size=[2])
+    out = tag_rule(lambda x: built)(td)
+    assert (_data_ptrs(out) <= _data_ptrs(td)) is keeps  # the storage rule, told by addresses
+    assert tag_sets(out) == {td.tags if keeps else frozenset()}
+    assert all(a is b for a, b in zip(out.values(True, True), built.values(True, True)))
+
+
+def test_a_result_holding_the_input_s_sub_nodes_carries_the_input_s_tags_everywhere() -> None:
+    """A result holding an input's sub-node as it is holds its leaves: it keeps the tags common to the
+    inputs, on every sub-node, also when the input's sub-nodes carried others."""
+    td = _shared()
+    out = td.exclude("a")
+    assert out["n"] is td["n"] and tag_sets(out) == {SL}
+    root = tt.TensorDict[tt.Locked]
+    shared_sub = td["n"]
+    mixed = make_tagged(root, {"b": td["b"], "n": shared_sub}, (("b", "n"), torch.Size([2]), None, root._tags))
+    assert tag_sets(mixed) == {frozenset({tt.Locked}), SL}
+    out = mixed.exclude("b")
+    assert tag_sets(out) == {frozenset({tt.Locked})}
+    assert out["n", "c"] is td["n", "c"]
+    untagged_sub = make_tagged(root, {"b": td["b"], "n": _plain()["n"]}, mixed._meta)
+    assert tag_sets(untagged_sub.exclude("b")) == {frozenset({tt.Locked})}  # the input's leaves, retagged
+
+
+@pytest.mark.parametrize(
+    ("last", "keeps"),
+    [
+        (lambda x: torch.ones(2), False),
+        (lambda x: torch.zeros(2, 0), True),
+        (lambda x: x["n", "c"][:, 0], True),
+    ],
+    ids=["new", "zero_byte", "view"],
+)
+def test_two_inputs_a_view_of_the_second_first_then_what_decides(last, keeps: bool) -> None:
+    """With two inputs, a first other leaf on the second input's storage does not end the search: the
+    leaves after it still decide."""
+    a, b = _shared(), _shared()
+
+    @tag_rule
+    def build(x: tt.TensorDict, y: tt.TensorDict) -> tt.TensorDict:
+        return tt.TensorDict({"a": y["a"][:, :2], "b": x["b"], "z": last(x)}, batch_size=[2])
+
+    out = build(a, b)
+    assert (_data_ptrs(out) <= _data_ptrs(a) | _data_ptrs(b)) is keeps
+    assert tag_sets(out) == {SL if keeps else frozenset()}
+
+
+def test_a_node_given_twice_is_one_input() -> None:
+    td = _shared()
+    assert type(_first(td, td)) is type(td)
+    assert tag_sets(td.apply(lambda x, y: y[:1], td, batch_size=[1])) == {SL}
+    assert tag_sets(td + td) == {frozenset()}
+    assert tag_sets(td.apply(lambda x, y: x.view_as(y), td.clone())) == {frozenset()}  # another node
 
 
 class _Sub(tt.TensorDict):
