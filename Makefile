@@ -1,9 +1,10 @@
 # make demo: set up .venv when missing and run the main example.
 # make test: the same set-up, then every test and property test (bench cases run once; in parallel,
-#   TEST_WORKERS below), the docstring
-#   examples (doctests), the import floors (lint-imports, contract in pyproject.toml), ruff check and
-#   ruff format --check (settings in pyproject.toml) and mypy over the package, its entry-point modules (_tdtree_plugins) and the typed
-#   tensorclass example.
+#   TEST_WORKERS below), then the checks (make checks, two at a time): mypy over the package, its
+#   entry-point modules (_tdtree_plugins) and the typed tensorclass example (make typecheck), the
+#   docstring examples (make doctest), the HTML reference (make docs), the import floors
+#   (lint-imports, contract in pyproject.toml), ruff check and ruff format --check (settings in
+#   pyproject.toml) (make lint).
 # make docs: the HTML reference (Sphinx: the docstrings, README.md, ARCHITECTURE.md) in docs/_build/html;
 #   make test builds it too, warnings (broken cross-references included) as errors.
 # make bench: the side-by-side benchmark suite, results in bench/results/latest.json
@@ -24,7 +25,7 @@ TEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test docs bench bench-quick clean
+.PHONY: demo test checks typecheck doctest lint docs bench bench-quick clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -42,12 +43,22 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder property_tests tests bench --benchmark-disable --durations=20
+	$(MAKE) --no-print-directory -j2 --output-sync=target checks
+
+# The checks after the suites, two at a time: mypy takes as long as the others together (each
+# target's output is printed whole when it ends).
+checks: typecheck doctest docs lint
+
+typecheck: $(STAMP)
+	$(PY) -m mypy tdtree _tdtree_plugins examples/typed_tensorclass.py
+
+doctest: $(STAMP)
 	$(PY) -m pytest -q --doctest-modules tdtree
+
+lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
 	$(VENV)/bin/ruff format --check
-	$(PY) -m mypy tdtree _tdtree_plugins examples/typed_tensorclass.py
-	$(PY) -m sphinx $(DOCS_OPTS) . docs/_build/html
 
 # the source directory is the repository root (conf.py in docs/); -n: broken cross-references warn;
 # -E: every page read afresh, so a warning cannot hide in the cache of a failed build
