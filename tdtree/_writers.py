@@ -103,12 +103,12 @@ def update_(node: NodeT, other: Mapping[Any, Any] | Node) -> NodeT:
     writes = Writes("update_", node)
     try:
         _update_pairs(node, source, (), same_device(node, other), writes)
-    except WriteError:  # a leaf of a kind torch cannot tell the strides of is named with its kind
+    except (WriteError, RuntimeError) as exc:
+        # a leaf of a kind torch cannot tell the strides or contiguity of is named with its kind, and
+        # so is a value whose shape torch cannot tell (a strided nested tensor)
         leaf_kinds_writable("update_", node, _targets(node, source))
-        raise
-    except RuntimeError:  # a leaf whose contiguity torch cannot tell, or a strided nested value's shape
-        leaf_kinds_writable("update_", node, _targets(node, source))
-        refuse_kinds("update_", _named(source, ()))
+        if isinstance(exc, RuntimeError):
+            refuse_kinds("update_", _named(source, ()))
         raise
     writes.run()
     return node
