@@ -9,16 +9,18 @@ Four families, each one parametrized case over the operations and the sizes:
   its deepest row is 192 and 256 has no tensordict row (``no_tensordict`` on the size, see
   bench/conftest.py): deeper chains go on ``DEPTHS`` the same way.
 * ``batch``: {"obs": (rows, 4), "reward": (rows,), "next": {"obs": (rows, 4)}} of 1 to 262,144
-  rows; ``td[perm]`` (every row, permuted), ``td[::2]`` and ``stack([td, td])``; cost per row.
+  rows; ``td[perm]`` (every row, permuted), ``td[::2]``, ``td[::2]`` of a locked node (views: the
+  result keeps the tags) and ``stack([td, td])``; cost per row.
 * ``bytes``: 8 flat float32 leaves of 1 KiB to 64 MiB in all; clone, memmap write and read,
   one-file save and load; cost per byte.
 
 The operations on width and depth: ``create`` (the node from a nested dict), ``clone``, ``apply``
-(``x + 1``), ``select`` of every other leaf key, ``select_locked`` (the same on a locked node),
-``update`` from a nested dict of new tensors for every leaf, ``flatten`` (``tree_flatten``),
-``keys`` (``keys(include_nested=True)``) and ``lock`` (a locked node, the input unchanged). The
-floor's rows are plain nested dicts (bench/plain.py, optree): a dict has no lock, so
-``select_locked`` is held to the plain select and ``lock`` to a copy of the dicts; ``memmap``
+(``x + 1``), ``select`` of every other leaf key, ``clone_locked``, ``apply_locked`` and
+``select_locked`` (the same on a locked node: an operation on a tagged node, whose cost the tag rule
+adds to), ``update`` from a nested dict of new tensors for every leaf, ``flatten``
+(``tree_flatten``), ``keys`` (``keys(include_nested=True)``) and ``lock`` (a locked node, the input
+unchanged). The floor's rows are plain nested dicts (bench/plain.py, optree): a dict has no lock, so
+the ``*_locked`` rows are held to the plain operation and ``lock`` to a copy of the dicts; ``memmap``
 writes and reads a file per leaf; ``save`` / ``load`` are ``torch.save`` / ``torch.load``
 (``weights_only=True``). tensordict's rows are spelled by :mod:`bench.impls`.
 
@@ -105,7 +107,9 @@ def _every_other_leaf(impl: Impl, td: Any) -> list[Any]:
 SHAPE_OPS: dict[str, tuple[str, Callable[[Impl, Any, dict[str, Any], dict[str, Any]], Thunk]]] = {
     "create": ("__init__", lambda impl, td, source, new: functools.partial(impl.node, source, LEAF)),
     "clone": ("clone", lambda impl, td, source, new: impl.clone(td)),
+    "clone_locked": ("lock", lambda impl, td, source, new: impl.clone(impl.lock(td))),
     "apply": ("apply", lambda impl, td, source, new: impl.method(td, "apply", _plus_one)),
+    "apply_locked": ("lock", lambda impl, td, source, new: impl.method(impl.lock(td), "apply", _plus_one)),
     "select": ("select", lambda impl, td, source, new: impl.select(td, *_every_other_leaf(impl, td))),
     "select_locked": (
         "lock",
@@ -137,7 +141,7 @@ def _shape_case(benchmark: Any, impl: Impl, family: str, op: str, size: int, uni
     assert len(keys) == (math.ceil(len(leaves) / 2) if op.startswith("select") else len(leaves))
     for key in keys[:: max(1, len(keys) // 8)]:
         expected = plain.get_path(new if op == "update" else source, key)
-        assert torch.equal(impl.get(out, key)(), expected + 1 if op == "apply" else expected)
+        assert torch.equal(impl.get(out, key)(), expected + 1 if op.startswith("apply") else expected)
 
 
 @pytest.mark.parametrize("n", WIDTHS)
@@ -170,17 +174,20 @@ def _take(x: torch.Tensor, index: Any) -> torch.Tensor:
     return x[index]
 
 
-BATCH_OPS = ("index", "slice", "stack")
+BATCH_OPS = ("index", "slice", "slice_locked", "stack")
 
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("op", BATCH_OPS)
 def test_sweep_batch(benchmark, impl: Impl, op: str, rows: int) -> None:
-    """``td[perm]`` (every row, in a random order), ``td[::2]`` or ``stack([td, td])`` of ``rows``
-    rows; the unit is a row."""
+    """``td[perm]`` (every row, in a random order), ``td[::2]`` (of a locked node for
+    ``slice_locked``) or ``stack([td, td])`` of ``rows`` rows; the unit is a row."""
     _label(benchmark, "batch", op, rows, "row")
     source = rows_source(rows)
     td = impl.node(source, (rows,))
+    if op == "slice_locked":
+        impl.require("lock")
+        td = impl.lock(td)
     if op == "stack":
         impl.require("tdtree.stack")
         out = benchmark(impl.stack([td, td], 0))

@@ -32,9 +32,10 @@ is a fixed cost of every operation. Dynamo cannot trace a descriptor's
 compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
 
-``UNTAGGED_TYPES`` and ``TAGGED_TYPES`` tell the tag rule an argument by its type; it asks
-through ``is_untagged_type`` / ``is_tagged_type``, which compiled code answers once per type
-while tracing (a set lookup there would guard every type in the set on every call).
+``UNTAGGED_TYPES``, ``TAGGED_TYPES`` and ``NODELESS_TYPES`` tell the tag rule an argument by its
+type; it asks through ``is_untagged_type`` / ``is_tagged_type`` / ``is_nodeless_type``, which
+compiled code answers once per type while tracing (a set lookup there would guard every type in
+the set on every call).
 """
 
 from __future__ import annotations
@@ -58,9 +59,11 @@ __all__ = [
     "layout",
     "NO_TAGS",
     "UNTAGGED_TYPES",
+    "NODELESS_TYPES",
     "TAGGED_TYPES",
     "is_untagged_type",
     "is_tagged_type",
+    "is_nodeless_type",
     "make",
     "from_meta",
     "with_meta",
@@ -86,32 +89,37 @@ FEW = 8
 
 # The tag rule's gate tells an argument by one lookup of its type in these: values that hold no node
 # and the untagged node types pass, tagged node types stop it. Node types add themselves when made.
-UNTAGGED_TYPES: set[type] = {
-    torch.Tensor,
-    str,
-    int,
-    float,
-    bool,
-    type(None),
-    torch.device,
-    torch.dtype,
-    torch.Size,
-    slice,
-    range,
-    type(...),
-    complex,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    functools.partial,
-}
+# NODELESS_TYPES are the first alone, fixed: an argument of one of them is no node input at all.
+NODELESS_TYPES: frozenset[type] = frozenset(
+    {
+        torch.Tensor,
+        str,
+        int,
+        float,
+        bool,
+        type(None),
+        torch.device,
+        torch.dtype,
+        torch.Size,
+        slice,
+        range,
+        type(...),
+        complex,
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        types.MethodType,
+        functools.partial,
+    }
+)
+UNTAGGED_TYPES: set[type] = set(NODELESS_TYPES)
 TAGGED_TYPES: set[type] = set()
 
-# The membership tests of the two sets: bound C methods (a set lookup's cost in eager), which
+# The membership tests of the three sets: bound C methods (a set lookup's cost in eager), which
 # compiled code folds to a constant per type (below). Dynamo guards a set it reads item by item, each
 # item through a list made of the whole set, so a lookup's guards grow with the square of its size.
 is_untagged_type = UNTAGGED_TYPES.__contains__
 is_tagged_type = TAGGED_TYPES.__contains__
+is_nodeless_type = NODELESS_TYPES.__contains__
 
 
 # Folding is sound: a set only gains types (node types as they are made), and the type asked about
@@ -124,6 +132,11 @@ def _is_untagged_type_traced(t: object, /) -> bool:
 @substitute_in_graph(is_tagged_type, can_constant_fold_through=True)
 def _is_tagged_type_traced(t: object, /) -> bool:
     return t in TAGGED_TYPES
+
+
+@substitute_in_graph(is_nodeless_type, can_constant_fold_through=True)
+def _is_nodeless_type_traced(t: object, /) -> bool:
+    return t in NODELESS_TYPES
 
 
 class Node:

@@ -27,7 +27,17 @@ from typing import Any, TypeVar
 import optree
 import torch
 
-from ._base import FEW, NO_TAGS, Holder, Node, is_tagged_type, is_untagged_type, memo, retagged
+from ._base import (
+    FEW,
+    NO_TAGS,
+    Holder,
+    Node,
+    is_nodeless_type,
+    is_tagged_type,
+    is_untagged_type,
+    memo,
+    retagged,
+)
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import (
@@ -35,6 +45,7 @@ from ._torch_private import (
     holds_data,
     storage_id,
     storage_ids,
+    storage_of,
     storages,
     substitute_in_graph,
 )
@@ -82,7 +93,7 @@ def storage_key(tensor: torch.Tensor) -> int | None:
     dynamo traces with. A functorch wrapper has the identity of the tensor it
     wraps. Zero-byte storages hold no data and never decide.
     """
-    storage = next(storages((tensor,)))
+    storage = storage_of(tensor)
     return storage_id(storage) if holds_data(storage) else None
 
 
@@ -109,6 +120,16 @@ class _Known:
         if self._storages is None:
             self._storages = set(storage_ids(self.leaves))
         return self._storages
+
+
+def _plain(values: Iterable[Any], n: int) -> bool:
+    """Whether the ``n`` entries ``values`` are all plain tensors (no sub-node)."""
+    if n < FEW:
+        for v in values:
+            if type(v) is not _Tensor:
+                return False
+        return True
+    return countOf(map(type, values), _Tensor) == n
 
 
 def _in_any(x: int, sets: list[set[int]]) -> bool:
@@ -170,17 +191,43 @@ def _ruled_one(out: Node, node: Node) -> Any:
         return retag(out, common)
     known: _Known = memo(node, _Known)
     ids = known.ids
-    values = out._data.values()
-    own = ids.issuperset(map(id, values))
-    if not own:
-        # the first entry that is not the input's own, found by loops in C: a tensor on a new storage
-        # holding data decides, before any walk (the first new tensor of +, clone, update)
-        first = next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
-        if isinstance(first, _Tensor):
-            key = storage_key(first)
-            if key is not None and key not in known.storages:
-                return retag(out, NO_TAGS)
-    if not (own and known.uniform):
+    data = out._data
+    values = data.values()
+    first = None  # the first entry that is not the input's own (a placeholder leaf may be None)
+    own = True
+    if len(data) < FEW:
+        # a loop here costs less than the iterator chains below on a few entries
+        for v in values:
+            if id(v) not in ids:
+                first = v
+                own = False
+                break
+    else:
+        # a result of new entries (+, clone, an index) is told by its first one; one of the input's
+        # own entries (select, exclude) by a test of them all in C
+        first = next(iter(values))
+        if id(first) not in ids:
+            own = False
+        else:
+            own = ids.issuperset(map(id, values))
+            first = None if own else next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
+    if own:
+        shallow = known.uniform
+    elif isinstance(first, _Tensor):
+        # a tensor on a new storage holding data decides, before any walk (the first new tensor of +,
+        # clone, update)
+        storage = storage_of(first)
+        plain = _plain(values, len(data))
+        if storage_id(storage) not in known.storages and holds_data(storage):
+            if plain and not type(out)._tags:
+                return out  # a factory's node of tensors alone: untagged at every level already
+            return retag(out, NO_TAGS)
+        # views of the input's leaves (an index, a reshape) of a result without sub-nodes: the test of
+        # every storage in C, and only the root to retag
+        shallow = plain and known.storages.issuperset(storage_ids(values))
+    else:
+        shallow = False
+    if not shallow:
         leaves: list[torch.Tensor] = []
         subs: list[Node] = []
         uniform = _scan(out, common, leaves, subs)
@@ -189,11 +236,6 @@ def _ruled_one(out: Node, node: Node) -> Any:
             return out if not subs and not type(out)._tags else retag(out, NO_TAGS)
         if uniform:
             return out
-        shallow = False
-    else:
-        # every entry is the input's own leaf or sub-node (select, exclude, ...), each sub-node
-        # carrying the input's tags: no walk of the result, and only its root is retagged
-        shallow = True
     if type(out)._root is not cls._root:
         return retag(out, common)
     decided = retagged(out, cls, common, variant, 0, shallow)
@@ -482,11 +524,15 @@ def decide(out: Any, args: Iterable[Any]) -> Any:
 def _gate_source(fn: Callable[..., Any]) -> str:
     """The source of a wrapper of ``fn`` with ``fn``'s own parameters (no ``*args``/``**kwargs`` to pack
     and forward: half the wrapper's cost on a call that passes the gate). It calls ``fn``, lets the
-    result through when every argument's type is an untagged one and decides it by the rule otherwise."""
+    result through when every argument's type is an untagged one and decides it by the rule otherwise:
+    straight by :func:`_ruled_one` when the first argument is a tagged node, the others hold no node
+    by their types and the result is a node (a method of a tagged node), by :func:`_ruled_out` else."""
     kind = inspect.Parameter
     params, passed, checks, values = [], [], [], []
+    plain: list[str] = []  # the fast route's tests of every argument after the first
     starred = False
-    for p in inspect.signature(fn).parameters.values():
+    parameters = list(inspect.signature(fn).parameters.values())
+    for p in parameters:
         name = p.name
         if p.kind is kind.VAR_POSITIONAL:
             starred = True
@@ -494,12 +540,15 @@ def _gate_source(fn: Callable[..., Any]) -> str:
             passed.append(f"*{name}")
             checks.append(f"_all_untagged({name})")
             values.append(f"*{name}")
+            # keys (select, exclude) told by their types in C; a nested key (a tuple) takes the other route
+            plain.append(f"all(map(_nodeless_type, map(type, {name})))")
             continue
         if p.kind is kind.VAR_KEYWORD:
             params.append(f"**{name}")
             passed.append(f"**{name}")
             checks.append(f"_all_untagged({name}.values())")
             values.append(f"*{name}.values()")
+            plain.append(f"all(map(_nodeless_type, map(type, {name}.values())))")
             continue
         if p.kind is kind.KEYWORD_ONLY and not starred:
             starred = True
@@ -508,17 +557,27 @@ def _gate_source(fn: Callable[..., Any]) -> str:
         passed.append(f"{name}={name}" if p.kind is kind.KEYWORD_ONLY else name)
         checks.append(f"(_untagged_type(type({name})) or _untagged({name}))")
         values.append(name)
+        plain.append(f"_nodeless_type(type({name}))")
         if p.kind is kind.POSITIONAL_ONLY:
             params.append("/")  # the marker after every positional-only one: the last one stays
     while params.count("/") > 1:
         params.remove("/")
-    return (
-        f"def _op({', '.join(params)}):\n"
-        f"    _out = _fn({', '.join(passed)})\n"
-        f"    if {' and '.join(checks) or 'True'}:\n"
-        "        return _out\n"
-        f"    return _ruled_out(_out, ({''.join(v + ', ' for v in values)}))\n"
-    )
+    lines = [f"def _op({', '.join(params)}):", f"    _out = _fn({', '.join(passed)})"]
+    if parameters and parameters[0].kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD):
+        head = parameters[0].name
+        lines += [
+            f"    if _untagged_type(type({head})):",
+            f"        if {' and '.join(checks[1:]) or 'True'}:",
+            "            return _out",
+            f"    elif _tagged_type(type({head})) and {' and '.join([*plain[1:], 'isinstance(_out, _Node)'])}:",
+            f"        return _ruled_one(_out, {head})",
+            f"    elif _untagged({head}) and {' and '.join(checks[1:]) or 'True'}:",
+            "        return _out",
+        ]
+    else:
+        lines += [f"    if {' and '.join(checks) or 'True'}:", "        return _out"]
+    lines.append(f"    return _ruled_out(_out, ({''.join(v + ', ' for v in values)}))")
+    return "\n".join(lines) + "\n"
 
 
 def tag_rule(fn: F) -> F:
@@ -526,10 +585,13 @@ def tag_rule(fn: F) -> F:
     a tensorclass, or any tree of the ``"tdtree"`` namespace holding them).
 
     The node inputs are the nodes in the arguments, found the same way. The gate
-    is the rule's only fast path: an argument whose type is a tensor, a number, a
-    str, a function or an untagged node type passes at one lookup, and when all
-    pass, ``fn``'s result is returned as it is (untagged inputs make untagged
-    results: the factories build no tags). Other arguments are walked for nodes.
+    tells the arguments by their types: an argument whose type is a tensor, a
+    number, a str, a function or an untagged node type passes at one lookup, and
+    when all pass, ``fn``'s result is returned as it is (untagged inputs make
+    untagged results: the factories build no tags). When the first argument is a
+    tagged node, the others are of types that hold no node and the result is a
+    node (a method of a tagged node), that node is the one input, with no walk.
+    Other arguments are walked for nodes.
 
     Under ``torch.compile`` the decision is made while tracing, from the fake
     tensors' storages. A leaf whose size depends on data (``td[mask]``) counts
@@ -543,6 +605,10 @@ def tag_rule(fn: F) -> F:
         "_untagged": _untagged,
         "_all_untagged": _all_untagged,
         "_ruled_out": _ruled_out,
+        "_ruled_one": _ruled_one,
+        "_tagged_type": is_tagged_type,
+        "_nodeless_type": is_nodeless_type,
+        "_Node": Node,
     }
     for p in inspect.signature(fn).parameters.values():
         if p.name.startswith("_"):

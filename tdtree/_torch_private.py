@@ -106,6 +106,7 @@ __all__ = [
     "unwrapped",
     "storages",
     "storage_ids",
+    "storage_of",
     "storage_id",
     "holds_data",
     "in_shared_memory",
@@ -204,6 +205,12 @@ def storages(tensors: Iterable[torch.Tensor]) -> Iterator[torch.UntypedStorage]:
     if transforms_active():
         tensors = map(unwrapped, tensors)
     return map(_storage, tensors)
+
+
+def storage_of(tensor: torch.Tensor) -> torch.UntypedStorage:
+    """The untyped storage of ``tensor``, seen through functorch wrappers: :func:`storages` for one
+    tensor, without the iterators."""
+    return _storage(unwrapped(tensor) if transforms_active() else tensor)
 
 
 def holds_data(storage: torch.UntypedStorage) -> bool:

@@ -488,3 +488,55 @@ def test_a_subclass_tagged_type_is_its_parents_tagged_type(cls: type[tt.TensorDi
     assert not isinstance(tt.TensorDict({}).lock(), cls)
     assert type(locked.select("a")) is cls[tt.Locked]  # the rule keeps the subclass
     assert type(locked.unlock()) is cls
+
+
+_RESULTS: dict[str, Callable[[tt.TensorDict], tt.TensorDict]] = {
+    "own": lambda node: node.select("a", "n"),
+    "view": lambda node: node[:1],
+    "new": lambda node: node.clone(),
+    "flat_view": lambda node: node.exclude("n")[:1],
+}
+
+
+@pytest.mark.parametrize("result", sorted(_RESULTS))
+@pytest.mark.parametrize(
+    "other",
+    [1.0, "b", ("n", "c"), None, torch.ones(2), {"b": torch.ones(2)}, "plain", "locked", "same", "in_a_list"],
+)
+@pytest.mark.parametrize("where", ["positional", "starred", "keyword", "double_starred"])
+def test_every_route_of_the_gate_decides_by_the_rule(result: str, other, where: str) -> None:
+    """The wrapper's routes (every argument by type, a tagged node first and the others holding no
+    node, the walk of every argument) decide as the rule does: the tags common to the node inputs,
+    wherever they are passed, kept when the result's storages are theirs."""
+    td = _shared()
+    nodes = {"plain": _plain(), "locked": _plain().lock(), "same": td, "in_a_list": _plain().lock()}
+    node = nodes.get(other) if isinstance(other, str) else None
+    arg = [node] if other == "in_a_list" else other if node is None else node
+    inputs = [td] if node is None else [td, node]
+
+    @tag_rule
+    def positional(x: tt.TensorDict, y: object) -> tt.TensorDict:
+        return _RESULTS[result](x)
+
+    @tag_rule
+    def starred(x: tt.TensorDict, *ys: object) -> tt.TensorDict:
+        return _RESULTS[result](x)
+
+    @tag_rule
+    def keyword(x: tt.TensorDict, *, y: object = None) -> tt.TensorDict:
+        return _RESULTS[result](x)
+
+    @tag_rule
+    def double_starred(x: tt.TensorDict, **ys: object) -> tt.TensorDict:
+        return _RESULTS[result](x)
+
+    call = {
+        "positional": lambda: positional(td, arg),
+        "starred": lambda: starred(td, 1, arg),
+        "keyword": lambda: keyword(td, y=arg),
+        "double_starred": lambda: double_starred(td, z=arg),
+    }[where]
+    out = call()
+    owned = set().union(*(_data_ptrs(n) for n in inputs))
+    common = frozenset.intersection(*(n.tags for n in inputs))
+    assert tag_sets(out) == {common if _data_ptrs(out) <= owned else frozenset()}
