@@ -46,6 +46,7 @@ from ._torch_private import (
     storage_id,
     storage_ids,
     storage_of,
+    storage_set,
     storages,
     substitute_in_graph,
 )
@@ -99,8 +100,12 @@ def storage_key(tensor: torch.Tensor) -> int | None:
 
 class _Known:
     """What the rule knows of one input node: the ids of its leaves and sub-nodes, whether every node
-    of it carries its own tags, and (asked for only when a result leaf is not one of them) the
-    identities of its leaves' storages."""
+    of it carries its own tags, and (asked for only when a result leaf is not one of them) its
+    leaves' storages.
+
+    The storages are kept as themselves, a set by identity (``_torch_private.storage_set``): a
+    result leaf's storage is looked up with no ``id()`` per leaf, and the set holds no storage
+    longer than the node's leaves do."""
 
     __slots__ = ("leaves", "ids", "uniform", "_storages")
 
@@ -111,14 +116,14 @@ class _Known:
         # a sub-node is its leaves: a result holding it as it is holds them
         self.ids = set(map(id, self.leaves))
         self.ids.update(map(id, subs))
-        self._storages: set[int] | None = None
+        self._storages: set[torch.UntypedStorage] | None = None
 
     @property
-    def storages(self) -> set[int]:
+    def storages(self) -> set[torch.UntypedStorage]:
         # the inputs' zero-byte storages are in it too: a leaf on one of them has no storage_key,
         # and is no new storage either way
         if self._storages is None:
-            self._storages = set(storage_ids(self.leaves))
+            self._storages = storage_set(self.leaves)
         return self._storages
 
 
@@ -132,7 +137,7 @@ def _plain(values: Iterable[Any], n: int) -> bool:
     return countOf(map(type, values), _Tensor) == n
 
 
-def _in_any(x: int, sets: list[set[int]]) -> bool:
+def _in_any(x: object, sets: list[set[Any]]) -> bool:
     for s in sets:
         if x in s:
             return True
@@ -149,11 +154,11 @@ def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False)
         seen = known[0].storages
         # the input's own leaves and views of them (an index, a reshape): its storages, told by one
         # test in C (the input's leaves are looked up too: cheaper than picking the others out)
-        if seen.issuperset(storage_ids(leaves)):
+        if seen.issuperset(storages(leaves)):
             return False
         # stops at the first new storage holding data: one of zero bytes does not decide
         for storage in storages(leaves):
-            if storage_id(storage) not in seen and holds_data(storage):
+            if storage not in seen and holds_data(storage):
                 return True
         return False
     idsets = [k.ids for k in known]
@@ -162,8 +167,8 @@ def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False)
         if not _in_any(id(t), idsets):
             # the first leaf that is no input's own decides when it holds data on a new storage (a +
             # of two nodes, stack, cat): no pass over the others
-            key = storage_key(t)
-            if key is not None and not _in_any(key, sets):
+            storage = storage_of(t)
+            if not _in_any(storage, sets) and holds_data(storage):
                 return True
             break
     unknown = leaves
@@ -172,9 +177,8 @@ def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False)
     # stops at the first new storage holding data: an operation that computes new tensors is
     # decided by its first leaf
     for storage in storages(unknown):
-        sid = storage_id(storage)
         for seen in sets:
-            if sid in seen:
+            if storage in seen:
                 break
         else:
             if holds_data(storage):
@@ -208,6 +212,8 @@ def _ruled_one(out: Node, node: Node) -> Any:
         first = next(iter(values))
         if id(first) not in ids:
             own = False
+        elif all(map(is_, values, map(node._data.get, data))):
+            first = None  # the input's entries at their own keys (select, exclude): no id() per entry
         else:
             own = ids.issuperset(map(id, values))
             first = None if own else next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
@@ -218,21 +224,22 @@ def _ruled_one(out: Node, node: Node) -> Any:
         # clone, update)
         storage = storage_of(first)
         plain = _plain(values, len(data))
-        if storage_id(storage) not in known.storages and holds_data(storage):
+        if storage not in known.storages and holds_data(storage):
             if plain and not type(out)._tags:
                 return out  # a factory's node of tensors alone: untagged at every level already
             return retag(out, NO_TAGS)
         # views of the input's leaves (an index, a reshape) of a result without sub-nodes: the test of
         # every storage in C, and only the root to retag
-        shallow = plain and known.storages.issuperset(storage_ids(values))
+        shallow = plain and known.storages.issuperset(storages(values))
     else:
         shallow = False
     if not shallow:
         leaves: list[torch.Tensor] = []
         subs: list[Node] = []
         uniform = _scan(out, common, leaves, subs)
-        # a result without sub-nodes was just told not to be all the input's own
-        if _fresh(leaves, [known], mixed=not own and not subs):
+        # told already not to be all the input's own: a result with a new leaf among its entries, or
+        # one without sub-nodes that is not all the input's own
+        if _fresh(leaves, [known], mixed=isinstance(first, _Tensor) or (not own and not subs)):
             return out if not subs and not type(out)._tags else retag(out, NO_TAGS)
         if uniform:
             return out

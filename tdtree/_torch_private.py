@@ -14,7 +14,10 @@ Makefile pins).
 * A storage's identity: ``id()`` of its Python object, which torch keeps one of
   per storage for as long as the storage lives (as it does for tensors), so that
   views share it; defined for the fake tensors dynamo traces with too, where
-  ``data_ptr()`` is not. torch does not document this, so the test checks it.
+  ``data_ptr()`` is not. torch does not document this, so the test checks it. A set
+  of the storage objects themselves is a set by that identity, since
+  ``UntypedStorage`` keeps ``object``'s ``__eq__`` and ``__hash__``; the test
+  checks that too (by value, two storages of equal bytes would be one member).
 * How the tag rule runs its storage test under ``torch.compile``, as plain Python on the fake
   tensors while dynamo traces, without a graph break: a function marked with
   ``torch.compiler.allow_in_graph`` (public) that returns a ``torch.Size``, whose ints dynamo takes
@@ -107,6 +110,7 @@ __all__ = [
     "storages",
     "storage_ids",
     "storage_of",
+    "storage_set",
     "storage_id",
     "holds_data",
     "in_shared_memory",
@@ -205,6 +209,13 @@ def storages(tensors: Iterable[torch.Tensor]) -> Iterator[torch.UntypedStorage]:
     if transforms_active():
         tensors = map(unwrapped, tensors)
     return map(_storage, tensors)
+
+
+def storage_set(tensors: Iterable[torch.Tensor]) -> set[torch.UntypedStorage]:
+    """The storages of ``tensors`` (seen through functorch wrappers) as a set by identity: two tensors'
+    storages are one member exactly when their ``storage_id`` is equal, and a lookup in it needs no
+    ``id()`` per storage (``UntypedStorage`` keeps ``object``'s ``__eq__`` and ``__hash__``)."""
+    return set(storages(tensors))
 
 
 def storage_of(tensor: torch.Tensor) -> torch.UntypedStorage:

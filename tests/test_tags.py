@@ -540,3 +540,26 @@ def test_every_route_of_the_gate_decides_by_the_rule(result: str, other, where: 
     owned = set().union(*(_data_ptrs(n) for n in inputs))
     common = frozenset.intersection(*(n.tags for n in inputs))
     assert tag_sets(out) == {common if _data_ptrs(out) <= owned else frozenset()}
+
+
+def _returning(out: tt.TensorDict) -> Callable[[tt.TensorDict], tt.TensorDict]:
+    """An operation of one node input that returns ``out``, whatever it is given."""
+    return tag_rule(lambda x: out)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_a_wide_result_of_the_input_s_entries_keeps_the_tags_at_any_key(nested: bool) -> None:
+    """A result of the input's own leaves and sub-nodes keeps the tags whether they sit at their own
+    keys (select, exclude), at other keys, or one stands in for another; one copy among them drops."""
+    td = _wide(nested).share_memory()
+    entries = dict(td.items())
+    names = sorted(entries)
+    same = tt.TensorDict({k: entries[k] for k in names[1:]}, batch_size=[2])
+    elsewhere = tt.TensorDict({f"m{i}": entries[k] for i, k in enumerate(reversed(names))}, batch_size=[2])
+    swapped = tt.TensorDict({**entries, names[0]: entries[names[1]]}, batch_size=[2])
+    copied = tt.TensorDict({**entries, names[-1]: entries[names[-1]].clone()}, batch_size=[2])
+    for built, keeps in [(same, True), (elsewhere, True), (swapped, True), (copied, False)]:
+        out = _returning(built)(td)
+        assert tag_sets(out) == {SL if keeps else frozenset()}
+        assert all(a is b for a, b in zip(out.values(True, True), built.values(True, True)))
+    assert tag_sets(td.exclude(names[0])) == {SL}

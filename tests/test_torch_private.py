@@ -68,6 +68,19 @@ def test_storage_ids_tell_views_from_copies():
     assert a == b != c
 
 
+def test_a_set_of_storages_is_a_set_by_identity():
+    # storage_set keeps the storages themselves: it tells them apart as storage_id does only while
+    # UntypedStorage compares and hashes as object does, never by the bytes it holds
+    assert torch.UntypedStorage.__eq__ is object.__eq__
+    assert torch.UntypedStorage.__hash__ is object.__hash__
+    x, twin = torch.zeros(4), torch.zeros(4)
+    found = P.storage_set([x, x[1:], x.view(2, 2), twin])
+    assert len(found) == 2
+    assert x[2:].untyped_storage() in found and twin.untyped_storage() in found
+    assert torch.zeros(4).untyped_storage() not in found
+    assert set(map(P.storage_id, found)) == set(P.storage_ids([x, twin]))
+
+
 def test_a_storage_keeps_its_python_object_while_it_lives():
     # storage_id is id() of the storage's Python object: it holds only while torch hands out one
     # object per storage, the same after every Python reference to it is gone
