@@ -21,7 +21,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable
 from itertools import compress, repeat
-from operator import countOf, getitem, is_, not_
+from operator import getitem, is_, not_
 from typing import Any, TypeVar
 
 import optree
@@ -38,6 +38,7 @@ from ._base import (
     memo,
     retagged,
 )
+from ._known import Known, all_plain, holds_new, scan, storage_key
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import (
@@ -46,7 +47,6 @@ from ._torch_private import (
     storage_id,
     storage_ids,
     storage_of,
-    storage_set,
     storages,
     substitute_in_graph,
 )
@@ -85,107 +85,6 @@ def retag(node: Any, tags: frozenset) -> Any:
     return node if out is None else out
 
 
-def storage_key(tensor: torch.Tensor) -> int | None:
-    """The identity of ``tensor``'s storage, or None when the storage holds no bytes.
-
-    The identity is the storage itself (``_torch_private.storage_id``), which two
-    tensors share exactly when they view the same memory: the same test as equal
-    ``untyped_storage().data_ptr()``, but also defined for the fake tensors
-    dynamo traces with. A functorch wrapper has the identity of the tensor it
-    wraps. Zero-byte storages hold no data and never decide.
-    """
-    storage = storage_of(tensor)
-    return storage_id(storage) if holds_data(storage) else None
-
-
-class _Known:
-    """What the rule knows of one input node: the ids of its leaves and sub-nodes, whether every node
-    of it carries its own tags, and (asked for only when a result leaf is not one of them) its
-    leaves' storages.
-
-    The storages are kept as themselves, a set by identity (``_torch_private.storage_set``): a
-    result leaf's storage is looked up with no ``id()`` per leaf, and the set holds no storage
-    longer than the node's leaves do."""
-
-    __slots__ = ("leaves", "ids", "uniform", "_storages")
-
-    def __init__(self, node: Node) -> None:
-        self.leaves: list[torch.Tensor] = []
-        subs: list[Node] = []
-        self.uniform = _scan(node, type(node)._tags, self.leaves, subs)
-        # a sub-node is its leaves: a result holding it as it is holds them
-        self.ids = set(map(id, self.leaves))
-        self.ids.update(map(id, subs))
-        self._storages: set[torch.UntypedStorage] | None = None
-
-    @property
-    def storages(self) -> set[torch.UntypedStorage]:
-        # the inputs' zero-byte storages are in it too: a leaf on one of them has no storage_key,
-        # and is no new storage either way
-        if self._storages is None:
-            self._storages = storage_set(self.leaves)
-        return self._storages
-
-
-def _plain(values: Iterable[Any], n: int) -> bool:
-    """Whether the ``n`` entries ``values`` are all plain tensors (no sub-node)."""
-    if n < FEW:
-        for v in values:
-            if type(v) is not _Tensor:
-                return False
-        return True
-    return countOf(map(type, values), _Tensor) == n
-
-
-def _in_any(x: object, sets: list[set[Any]]) -> bool:
-    for s in sets:
-        if x in s:
-            return True
-    return False
-
-
-def _fresh(leaves: list[torch.Tensor], known: list[_Known], mixed: bool = False) -> bool:
-    """Whether one of ``leaves`` holds data (a ``storage_key``) on a storage none of ``known`` has
-    (``mixed``: the caller found already that not all of them are the one input's own tensors)."""
-    if len(known) == 1:
-        ids = known[0].ids
-        if not mixed and ids.issuperset(map(id, leaves)):
-            return False  # the input's own tensors (select, exclude, ...): its storages
-        seen = known[0].storages
-        # the input's own leaves and views of them (an index, a reshape): its storages, told by one
-        # test in C (the input's leaves are looked up too: cheaper than picking the others out)
-        if seen.issuperset(storages(leaves)):
-            return False
-        # stops at the first new storage holding data: one of zero bytes does not decide
-        for storage in storages(leaves):
-            if storage not in seen and holds_data(storage):
-                return True
-        return False
-    idsets = [k.ids for k in known]
-    sets = [k.storages for k in known]
-    for t in leaves:
-        if not _in_any(id(t), idsets):
-            # the first leaf that is no input's own decides when it holds data on a new storage (a +
-            # of two nodes, stack, cat): no pass over the others
-            storage = storage_of(t)
-            if not _in_any(storage, sets) and holds_data(storage):
-                return True
-            break
-    unknown = leaves
-    for ids in idsets:
-        unknown = [t for t in unknown if id(t) not in ids]
-    # stops at the first new storage holding data: an operation that computes new tensors is
-    # decided by its first leaf
-    for storage in storages(unknown):
-        for seen in sets:
-            if storage in seen:
-                break
-        else:
-            if holds_data(storage):
-                return True
-    return False
-
-
 def _ruled_one(out: Node, node: Node) -> Any:
     """The node ``out`` with the rule applied for the one input node ``node``: what :func:`_ruled`
     does for one result, as most operations return it (one frame, the input's type reused)."""
@@ -193,7 +92,7 @@ def _ruled_one(out: Node, node: Node) -> Any:
     common = cls._tags
     if not common or out is node:
         return retag(out, common)
-    known: _Known = memo(node, _Known)
+    known: Known = memo(node, Known)
     ids = known.ids
     data = out._data
     values = data.values()
@@ -223,7 +122,7 @@ def _ruled_one(out: Node, node: Node) -> Any:
         # a tensor on a new storage holding data decides, before any walk (the first new tensor of +,
         # clone, update)
         storage = storage_of(first)
-        plain = _plain(values, len(data))
+        plain = all_plain(values, len(data))
         if storage not in known.storages and holds_data(storage):
             if plain and not type(out)._tags:
                 return out  # a factory's node of tensors alone: untagged at every level already
@@ -236,10 +135,10 @@ def _ruled_one(out: Node, node: Node) -> Any:
     if not shallow:
         leaves: list[torch.Tensor] = []
         subs: list[Node] = []
-        uniform = _scan(out, common, leaves, subs)
+        uniform = scan(out, common, leaves, subs)
         # told already not to be all the input's own: a result with a new leaf among its entries, or
         # one without sub-nodes that is not all the input's own
-        if _fresh(leaves, [known], mixed=isinstance(first, _Tensor) or (not own and not subs)):
+        if holds_new(leaves, [known], mixed=isinstance(first, _Tensor) or (not own and not subs)):
             return out if not subs and not type(out)._tags else retag(out, NO_TAGS)
         if uniform:
             return out
@@ -256,8 +155,8 @@ def _new_storages(results: list[list[torch.Tensor]], inputs: list[Node]) -> list
     What the rule needs of an input node is worked out once per node and kept on it (``memo``: a
     node never changes), so an operation pays for the leaves of its result, not of its inputs.
     """
-    known = [memo(n, _Known) for n in inputs]
-    return [_fresh(leaves, known) for leaves in results]
+    known = [memo(n, Known) for n in inputs]
+    return [holds_new(leaves, known) for leaves in results]
 
 
 @answered_while_tracing
@@ -271,38 +170,6 @@ def _fresh_runs(known: list[torch.Tensor], leaves: list[torch.Tensor], counts: l
         out.append(int(any(storage_id(s) not in seen and holds_data(s) for s in run)))
         start += count
     return torch.Size(out)
-
-
-def _scan(node: Node, tags: frozenset, out: list[torch.Tensor], nodes: list[Node] | None = None) -> bool:
-    """Append ``node``'s leaves to ``out`` (depth first), and its sub-nodes to ``nodes`` when given;
-    whether every node of it carries exactly ``tags``."""
-    # a walk of ``_data`` (optree would call back per node and check every leaf against its
-    # registry), which also tells whether retag has work to do; a leaf that is not a tensor (the
-    # placeholders torch unflattens into node structures) holds no storage and is passed over
-    # (from an explicit stack of the levels above, as _maps.leaves walks: a node is as deep as a
-    # nested dict gets)
-    uniform = type(node)._tags == tags
-    data = node._data
-    if len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data):
-        out.extend(data.values())  # a flat node of plain tensors, told by a count in C (as retagged does)
-        return uniform
-    values = iter(data.values())
-    above = []
-    while True:
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                out.append(v)
-            elif isinstance(v, Node):
-                uniform = uniform and type(v)._tags == tags
-                if nodes is not None:
-                    nodes.append(v)
-                above.append(values)
-                values = iter(v._data.values())
-                break
-        else:
-            if not above:
-                return uniform
-            values = above.pop()
 
 
 def _is_key(x: Any) -> bool:
@@ -384,7 +251,7 @@ def _ruled(results: list[Any], inputs: list[Node], common: frozenset) -> list[An
     if not common:
         return [retag(r, common) for r in results]
     leaves: list[list[torch.Tensor]] = [[] for _ in results]
-    uniform = [_scan(r, common, found) for r, found in zip(results, leaves)]
+    uniform = [scan(r, common, found) for r, found in zip(results, leaves)]
     decided = []
     for r, fresh, carries_common in zip(results, _new_storages(leaves, inputs), uniform):
         if fresh:

@@ -347,13 +347,13 @@ def test_an_input_is_looked_at_once_and_the_rule_still_decides_each_result(monke
     """What the rule knows of an input node is worked out on the first operation and kept: later
     operations on the same node pay for their result alone, and still decide by storage."""
     made: list[object] = []
-    known = _tags._Known
+    known = _tags.Known
 
     def counted(node):
         made.append(node)
         return known(node)
 
-    monkeypatch.setattr(_tags, "_Known", counted)
+    monkeypatch.setattr(_tags, "Known", counted)
     td = _plain().lock()
     assert td.select("a").tags == {tt.Locked}
     assert made == [td]
