@@ -18,7 +18,9 @@ by the file's suffix; matplotlib, from the bench extra).
 The size sweeps (bench/test_sweeps.py) are left out of all three and printed as their own section
 after them (:func:`sweep_table`): per family and operation, each implementation's growth exponent
 and cost per unit (bench/growth.py, from each row's min time) and tdtree's time over tensordict's and
-over the floor's at the largest size both ran.
+over the floor's at the largest size both ran; for an operation on a locked node (``*_locked``),
+tdtree's time over its time for the same operation untagged, the most over the sizes and at the
+largest.
 
 Ops are 1 / the *median* time (:func:`ops`, which bench.compare uses too), not pytest-benchmark's
 1 / mean: on a shared machine a few rounds stalled by other processes move the mean by tens of
@@ -268,16 +270,35 @@ def _per_unit_cell(fit: growth.Fit | None, unit: str, largest: int) -> str:
     return f"{fmt_time(fit.per_unit)}/{unit}" + ("" if fit.largest == largest else f" (at {fit.largest:,})")
 
 
+LOCKED = "_locked"
+
+
+def _tagged_cell(sweeps: growth.Sweeps, family: str, op: str) -> str:
+    """For an operation on a locked node (``X_locked``): tdtree's time over its time for ``X`` on the
+    untagged node, the most over the sizes both ran (and where), then at the largest of them."""
+    untagged = sweeps.get((family, op.removesuffix(LOCKED)), {}).get("tdtree")
+    mine = sweeps[family, op].get("tdtree")
+    if not op.endswith(LOCKED) or not untagged or not mine:
+        return DASH
+    ratios = {size: mine[size] / untagged[size] for size in mine.keys() & untagged.keys()}
+    if not ratios:
+        return DASH
+    worst = max(ratios, key=ratios.__getitem__)
+    return f"{ratios[worst]:.2f} (at {worst:,}); {ratios[max(ratios)]:.2f} at {max(ratios):,}"
+
+
 def sweep_table(sweeps: growth.Sweeps, units: dict[str, str]) -> str:
     """The size sweeps: one Markdown row per family and operation (see the module doc)."""
     lines = [
         "Size sweeps: exponent = least-squares slope of log(min time) against log(size) (1: linear); "
         "per unit = min time at the largest size / that size; tt/td and tt/floor = tdtree's time over "
-        "tensordict's and over the plain-pytree floor's at the largest size both ran (below 1: tdtree faster).",
+        "tensordict's and over the plain-pytree floor's at the largest size both ran (below 1: tdtree faster); "
+        "locked/untagged (rows of an operation on a locked node) = tdtree's time over its time for the "
+        "same operation untagged, the most over the sizes (and where), then at the largest size.",
         "",
         "| Sweep | Op | Sizes | Exponent tdtree | tensordict | floor | Per unit tdtree | tensordict | floor "
-        "| tt/td | tt/floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tt/td | tt/floor | locked/untagged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (family, op), points in sweeps.items():
         fits = {impl: growth.fit(points[impl]) for impl in SWEEP_IMPLS if impl in points}
@@ -286,7 +307,7 @@ def sweep_table(sweeps: growth.Sweeps, units: dict[str, str]) -> str:
         span = f"{sizes[0]:,}–{sizes[-1]:,} " + ("leaves" if unit == "leaf" else f"{unit}s")
         exps = [f"{fits[impl].exponent:.2f}" if impl in fits else DASH for impl in SWEEP_IMPLS]
         per_unit = [_per_unit_cell(fits.get(impl), units[family], sizes[-1]) for impl in SWEEP_IMPLS]
-        ratios = [_ratio_cell(points, "tensordict"), _ratio_cell(points, "pytree")]
+        ratios = [_ratio_cell(points, "tensordict"), _ratio_cell(points, "pytree"), _tagged_cell(sweeps, family, op)]
         lines.append(f"| {family} | {op} | {span} | " + " | ".join([*exps, *per_unit, *ratios]) + " |")
     return "\n".join(lines)
 

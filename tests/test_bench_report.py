@@ -245,6 +245,7 @@ SWEEP_DATA = {
         "tensordict": {1: 5e-6, 10: 1e-5, 100: 6e-5, 1000: 4e-4},
         "pytree": {1: 1e-6, 10: 2e-6, 100: 8e-6, 1000: 6.4e-5},
     },
+    ("width", "clone_locked", "leaf"): {"tdtree": {1: 3e-6, 10: 3.3e-6, 100: 1.05e-5, 1000: 8.4e-5}},
     ("depth", "create", "level"): {
         "tdtree": {1: 1e-6, 4: 4e-6, 16: 16e-6, 64: 64e-6},
         "tensordict": {1: 2e-6, 4: 8e-6, 16: 32e-6},
@@ -306,13 +307,15 @@ def test_sweep_table_fits_exponents_and_costs_per_unit(with_sweeps: Path) -> Non
     assert cells[3:6] == [f"{_slope(width[impl]):.2f}" for impl in ("tdtree", "tensordict", "pytree")]
     # per leaf at 1,000: 80 µs, 400 µs and 64 µs over 1,000 leaves; tt/td 80/400, tt/floor 80/64
     assert cells[6:9] == ["80 ns/leaf", "400 ns/leaf", "64 ns/leaf"]
-    assert cells[9:] == ["0.20", "1.25"]
+    assert cells[9:] == ["0.20", "1.25", "—"]
+    # clone on a locked node over clone untagged: 1.5 at 1 leaf (the most), 1.05 at 1,000
+    assert _cells(table, "width", "clone_locked")[11] == "1.50 (at 1); 1.05 at 1,000"
     cells = _cells(table, "depth", "create")
     assert cells[2] == "1–64 levels"
     assert cells[3:6] == ["1.00", "1.00", "1.00"]
     # tensordict's deepest row is 16: its cost per level there, and tt/td at 16 (16 µs / 32 µs)
     assert cells[6:9] == ["1 μs/level", "2 μs/level (at 16)", "500 ns/level"]
-    assert cells[9:] == ["0.50 (at 16)", "2.00"]
+    assert cells[9:] == ["0.50 (at 16)", "2.00", "—"]
 
 
 def test_sweeps_are_their_own_section_after_the_summary(
@@ -341,7 +344,7 @@ def test_sweeps_over_several_runs_keep_each_points_lowest_min(with_sweeps: Path,
     points = {**SWEEP_DATA["width", "clone", "leaf"]["tdtree"], 1000: 3.2e-5}
     assert sweeps["width", "clone"]["tdtree"] == points
     cells = _cells(report.sweep_table(sweeps, units), "width", "clone")
-    assert cells[3] == f"{_slope(points):.2f}" and cells[6] == "32 ns/leaf" and cells[9:] == ["0.08", "0.50"]
+    assert cells[3] == f"{_slope(points):.2f}" and cells[6] == "32 ns/leaf" and cells[9:] == ["0.08", "0.50", "—"]
 
 
 def test_sweep_with_one_size_has_no_exponent() -> None:
