@@ -10,6 +10,7 @@ Otherwise the result is a new node, and a real move or copy drops the tags.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from ._maps import flat, leaves, map_leaves, refuse_first
 from ._tags import storage_key, tag_rule
 from ._validate import as_device
 
-__all__ = ["to", "cpu", "cuda", "pin_memory", "contiguous", "nbytes"]
+__all__ = ["to", "cast", "cpu", "cuda", "pin_memory", "contiguous", "nbytes"]
 
 _DEVICE_LIKE = (torch.device, str, int)
 
@@ -92,6 +93,17 @@ def _to(node: NodeT, dev: torch.device | None, dt: torch.dtype | None, non_block
     if dev is None:
         return map_leaves(lambda x: x.to(dtype=dt, non_blocking=non_blocking), node)
     return _moved(node, dev, lambda x: x.to(device=dev, dtype=dt, non_blocking=non_blocking))
+
+
+def cast(dtype: torch.dtype, name: str) -> Callable[[NodeT], NodeT]:
+    """The method ``name`` (``double``, ``half``, ...): ``to(dtype)``."""
+
+    def method(node: NodeT) -> NodeT:
+        return to(node, dtype)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"``to({dtype})``: a new node, or the same leaves (tags kept) when already so."
+    return method
 
 
 def cpu(node: NodeT) -> NodeT:

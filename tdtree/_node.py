@@ -509,34 +509,14 @@ class TensorDict(Node):
         """The bytes of the distinct storages the leaves use (views count once)."""
         return _device.nbytes(self)
 
-    def double(self) -> TensorDict:
-        """``to(torch.float64)``: a new node, or the same leaves (tags kept) when already so."""
-        return _device.to(self, torch.float64)
-
-    def half(self) -> TensorDict:
-        """``to(torch.float16)``: a new node, or the same leaves (tags kept) when already so."""
-        return _device.to(self, torch.float16)
-
-    def bfloat16(self) -> TensorDict:
-        """``to(torch.bfloat16)``: a new node, or the same leaves (tags kept) when already so."""
-        return _device.to(self, torch.bfloat16)
-
-    def long(self) -> TensorDict:
-        """``to(torch.int64)``: a new node, or the same leaves (tags kept) when already so."""
-        return _device.to(self, torch.int64)
-
     # float/int/bool shadow the builtins for the annotations below them, so they come last in the section.
-    def float(self) -> TensorDict:
-        """``to(torch.float32)``: a new node, or the same leaves (tags kept) when already so."""
-        return _device.to(self, torch.float32)
-
-    def int(self) -> TensorDict:
-        """``to(torch.int32)``: a new node, or the same leaves (tags kept) when already so."""
-        return _device.to(self, torch.int32)
-
-    def bool(self) -> TensorDict:
-        """``to(torch.bool)``: a new node, or the same leaves (tags kept) when already so."""
-        return _device.to(self, torch.bool)
+    double = _device.cast(torch.float64, "double")
+    half = _device.cast(torch.float16, "half")
+    bfloat16 = _device.cast(torch.bfloat16, "bfloat16")
+    long = _device.cast(torch.int64, "long")
+    float = _device.cast(torch.float32, "float")
+    int = _device.cast(torch.int32, "int")
+    bool = _device.cast(torch.bool, "bool")
 
     # -- in-place writers and shared memory (_writers.py, _shared.py) -------------------
 
