@@ -70,6 +70,9 @@ def main() -> None:
             f"streamed from rank 1: steps {[int(b['step'][0]) for b in streamed]}, "
             f"obs equal to its gathered entry: {all(torch.equal(b['obs'], everyone['obs'][1]) for b in streamed)}"
         )
+    # every rank done before any tears down: a rank that leaves while two others still exchange (rank 2
+    # here, outside the stream) can abort in gloo's teardown
+    dist.barrier()
     dist.destroy_process_group()
 
 
