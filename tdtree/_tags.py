@@ -96,7 +96,9 @@ def _ruled_one(out: Node, node: Node) -> Any:
     ids = known.ids
     data = out._data
     values = data.values()
-    first = None  # the first entry that is not the input's own (a placeholder leaf may be None)
+    # an entry that is not the input's own, the first tensor among them when there is one (the first
+    # of them else; a placeholder leaf may be None)
+    first = None
     own = True
     if len(data) < FEW:
         # a loop here costs less than the iterator chains below on a few entries
@@ -104,7 +106,8 @@ def _ruled_one(out: Node, node: Node) -> Any:
             if id(v) not in ids:
                 first = v
                 own = False
-                break
+                if isinstance(v, _Tensor):
+                    break
     else:
         # a result of new entries (+, clone, an index) is told by its first one; one of the input's
         # own entries (select, exclude) by a test of them all in C
@@ -124,8 +127,10 @@ def _ruled_one(out: Node, node: Node) -> Any:
         storage = storage_of(first)
         plain = all_plain(values, len(data))
         if storage not in known.storages and holds_data(storage):
-            if plain and not type(out)._tags:
-                return out  # a factory's node of tensors alone: untagged at every level already
+            # a factory's node untagged at every level already (of tensors alone, or told by one walk
+            # of its sub-nodes: a new tree holds new ones) is the result as it is
+            if plain and not type(out)._tags or scan(out, NO_TAGS, []):
+                return out
             return retag(out, NO_TAGS)
         # views of the input's leaves (an index, a reshape) of a result without sub-nodes: the test of
         # every storage in C, and only the root to retag

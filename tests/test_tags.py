@@ -563,3 +563,21 @@ def test_a_wide_result_of_the_input_s_entries_keeps_the_tags_at_any_key(nested: 
         assert tag_sets(out) == {SL if keeps else frozenset()}
         assert all(a is b for a, b in zip(out.values(True, True), built.values(True, True)))
     assert tag_sets(td.exclude(names[0])) == {SL}
+
+
+def test_a_new_tensor_among_sub_nodes_drops_the_tags_at_every_level() -> None:
+    """A new tensor holding data after sub-nodes (a new one of views, or the input's own, tagged)
+    drops the tags from the result and from every sub-node in it; the leaves stay the ones given."""
+    td = _shared()
+    views = {"c": td["n", "c"][:1].expand(2, 1)}
+    for built in (
+        tt.TensorDict({"m": views, "z": torch.ones(2)}, batch_size=[2]),
+        tt.TensorDict({"m": {"m": views}, "z": torch.ones(2)}, batch_size=[2]),
+    ):
+        out = _returning(built)(td)
+        assert tag_sets(out) == {frozenset()}
+        assert all(a is b for a, b in zip(out.values(True, True), built.values(True, True)))
+    shared = td.unlock()  # Shared alone: set is allowed, and the result holds the input's sub-node
+    out = shared.set("z", torch.ones(2))
+    assert tag_sets(shared) == {frozenset({tt.Shared})} and tag_sets(out) == {frozenset()}
+    assert out["n", "c"] is td["n", "c"]
