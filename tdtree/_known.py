@@ -134,7 +134,7 @@ def scan(node: Node, tags: frozenset, out: list[torch.Tensor], nodes: list[Node]
     # nested dict gets)
     uniform = type(node)._tags == tags
     data = node._data
-    if len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data):
+    if len(data) >= FEW and all_plain(data.values(), len(data)):
         out.extend(data.values())  # a flat node of plain tensors, told by a count in C (as retagged does)
         return uniform
     values = iter(data.values())

@@ -96,8 +96,8 @@ def _ruled_one(out: Node, node: Node) -> Any:
     ids = known.ids
     data = out._data
     values = data.values()
-    # an entry that is not the input's own, the first tensor among them when there is one (the first
-    # of them else; a placeholder leaf may be None)
+    # an entry that is not the input's own (a placeholder leaf may be None): on a few entries the first
+    # tensor among them when there is one (a new sub-node may come first), else the first of them
     first = None
     own = True
     if len(data) < FEW:
