@@ -64,6 +64,7 @@ __all__ = [
     "is_untagged_type",
     "is_tagged_type",
     "is_nodeless_type",
+    "all_plain",
     "make",
     "from_meta",
     "with_meta",
@@ -299,6 +300,16 @@ def _make_tagged_traced(cls: type[Node], data: dict[str, Any], meta: tuple) -> A
     return _traced(object.__new__(cls), data, meta)
 
 
+def all_plain(values: Iterable[Any], n: int) -> bool:
+    """Whether the ``n`` entries ``values`` are all plain tensors (no sub-node)."""
+    if n < FEW:
+        for v in values:
+            if type(v) is not _Tensor:
+                return False
+        return True
+    return countOf(map(type, values), _Tensor) == n
+
+
 def retagged(
     node: Node,
     cls: type[Node],
@@ -327,7 +338,7 @@ def retagged(
     # a node of plain tensors alone (a flat node, each level of a nested one) is told by a count in C:
     # no sub-node to visit, and no loop over its leaves
     entries: Iterable[tuple[str, Any]] = data.items()
-    if shallow or (len(data) >= FEW and countOf(map(type, data.values()), _Tensor) == len(data)):
+    if shallow or (len(data) >= FEW and all_plain(data.values(), len(data))):
         entries = ()
     for k, v in entries:
         if type(v) is _Tensor or not isinstance(v, Node):

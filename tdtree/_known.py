@@ -9,16 +9,14 @@ whether a result's leaves hold data on a storage none of its inputs has.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from operator import countOf
 from typing import Any
 
 import torch
 
-from ._base import FEW, Node
+from ._base import FEW, Node, all_plain
 from ._torch_private import holds_data, storage_id, storage_of, storage_set, storages
 
-__all__ = ["storage_key", "Known", "all_plain", "holds_new", "scan"]
+__all__ = ["storage_key", "Known", "holds_new", "scan"]
 
 _Tensor = torch.Tensor
 
@@ -63,16 +61,6 @@ class Known:
         if self._storages is None:
             self._storages = storage_set(self.leaves)
         return self._storages
-
-
-def all_plain(values: Iterable[Any], n: int) -> bool:
-    """Whether the ``n`` entries ``values`` are all plain tensors (no sub-node)."""
-    if n < FEW:
-        for v in values:
-            if type(v) is not _Tensor:
-                return False
-        return True
-    return countOf(map(type, values), _Tensor) == n
 
 
 def _in_any(x: object, sets: list[set[Any]]) -> bool:

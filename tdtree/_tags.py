@@ -32,13 +32,14 @@ from ._base import (
     NO_TAGS,
     Holder,
     Node,
+    all_plain,
     is_nodeless_type,
     is_tagged_type,
     is_untagged_type,
     memo,
     retagged,
 )
-from ._known import Known, all_plain, holds_new, scan, storage_key
+from ._known import Known, holds_new, scan, storage_key
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import (
