@@ -18,7 +18,7 @@ The eight result factories build untagged nodes of the root type, whatever
 type or metadata they are given (DESIGN 3.1): a node made from leaves has no
 inputs whose storages it could compare, so an operation that forgets the tag
 rule loses tags instead of keeping false ones. Two factories write tags:
-``retagged``, a whole tree, which only :func:`tdtree._tags.retag` calls, and
+``retagged``, a whole tree, which only the tag rule (:mod:`tdtree._tags`) calls, and
 ``make_tagged``, one node, which no operation calls (the tests build trees of
 mixed tags with it, which no operation makes).
 
@@ -31,24 +31,19 @@ is a fixed cost of every operation. Dynamo cannot trace a descriptor's
 ``torch.compiler.substitute_in_graph`` (through ``_torch_private``, when dynamo is imported), that
 compiled code runs instead: it
 writes the slots with a literal ``object.__setattr__``, which dynamo traces.
-
-``UNTAGGED_TYPES``, ``TAGGED_TYPES`` and ``NODELESS_TYPES`` tell the tag rule an argument by its
-type; it asks through ``is_untagged_type`` / ``is_tagged_type`` / ``is_nodeless_type``, which
-compiled code answers once per type while tracing (a set lookup there would guard every type in
-the set on every call).
 """
 
 from __future__ import annotations
 
-import functools
-import types
 from bisect import bisect_right as _bisect_right
 from collections.abc import Callable, Iterable
+from itertools import compress, repeat
 from operator import countOf
 from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from ._argtypes import TAGGED_TYPES, UNTAGGED_TYPES
 from ._torch_private import substitute_in_graph
 
 __all__ = [
@@ -58,12 +53,6 @@ __all__ = [
     "Layout",
     "layout",
     "NO_TAGS",
-    "UNTAGGED_TYPES",
-    "NODELESS_TYPES",
-    "TAGGED_TYPES",
-    "is_untagged_type",
-    "is_tagged_type",
-    "is_nodeless_type",
     "all_plain",
     "make",
     "from_meta",
@@ -71,6 +60,7 @@ __all__ = [
     "alike",
     "make_tagged",
     "retagged",
+    "UNDECIDED",
     "fill",
     "chain",
     "along",
@@ -87,57 +77,6 @@ NO_TAGS: frozenset = frozenset()
 # The number of items from which a loop in C over them (map, all, countOf) costs less than a Python loop
 # with its setup; the fast paths for many keys or leaves start there.
 FEW = 8
-
-# The tag rule's gate tells an argument by one lookup of its type in these: values that hold no node
-# and the untagged node types pass, tagged node types stop it. Node types add themselves when made.
-# NODELESS_TYPES are the first alone, fixed: an argument of one of them is no node input at all.
-NODELESS_TYPES: frozenset[type] = frozenset(
-    {
-        torch.Tensor,
-        str,
-        int,
-        float,
-        bool,
-        type(None),
-        torch.device,
-        torch.dtype,
-        torch.Size,
-        slice,
-        range,
-        type(...),
-        complex,
-        types.FunctionType,
-        types.BuiltinFunctionType,
-        types.MethodType,
-        functools.partial,
-    }
-)
-UNTAGGED_TYPES: set[type] = set(NODELESS_TYPES)
-TAGGED_TYPES: set[type] = set()
-
-# The membership tests of the three sets: bound C methods (a set lookup's cost in eager), which
-# compiled code folds to a constant per type (below). Dynamo guards a set it reads item by item, each
-# item through a list made of the whole set, so a lookup's guards grow with the square of its size.
-is_untagged_type = UNTAGGED_TYPES.__contains__
-is_tagged_type = TAGGED_TYPES.__contains__
-is_nodeless_type = NODELESS_TYPES.__contains__
-
-
-# Folding is sound: a set only gains types (node types as they are made), and the type asked about
-# is one dynamo guards by identity. The twins run only when a type is not known at trace time.
-@substitute_in_graph(is_untagged_type, can_constant_fold_through=True)
-def _is_untagged_type_traced(t: object, /) -> bool:
-    return t in UNTAGGED_TYPES
-
-
-@substitute_in_graph(is_tagged_type, can_constant_fold_through=True)
-def _is_tagged_type_traced(t: object, /) -> bool:
-    return t in TAGGED_TYPES
-
-
-@substitute_in_graph(is_nodeless_type, can_constant_fold_through=True)
-def _is_nodeless_type_traced(t: object, /) -> bool:
-    return t in NODELESS_TYPES
 
 
 class Node:
@@ -310,6 +249,16 @@ def all_plain(values: Iterable[Any], n: int) -> bool:
     return countOf(map(type, values), _Tensor) == n
 
 
+UNDECIDED = object()  # what retagged returns when only_if answers False
+
+_storage = torch.Tensor.untyped_storage
+
+
+def _storages(values: Iterable[Any]) -> Iterable[torch.UntypedStorage]:
+    """The storages of the tensors among a node's entries ``values`` (a dict view: read twice), in C."""
+    return map(_storage, compress(values, map(isinstance, values, repeat(_Tensor))))
+
+
 def retagged(
     node: Node,
     cls: type[Node],
@@ -317,6 +266,7 @@ def retagged(
     variant: Callable[[type, frozenset], Any],
     depth: int = 0,
     shallow: bool = False,
+    only_if: Callable[[Iterable[torch.UntypedStorage]], bool] | None = None,
 ) -> Any:
     """``node`` with every node of its tree carrying exactly ``tags``, or None when every one already
     does. A node is rebuilt only when it or a node below it changes; leaves and unchanged sub-trees are
@@ -324,30 +274,47 @@ def retagged(
     and ``tags`` its ``_tags`` (``NO_TAGS`` for none); ``variant(root, tags)`` gives the type for a
     node of another root type. ``shallow``: the caller has checked that every sub-node of ``node``
     carries exactly ``tags`` (the tag rule, for a result holding its input's own sub-nodes), so they
-    are not visited.
+    are not visited. ``only_if``: asked of the storages of each node's tensors, for every node of the
+    tree (the root alone with ``shallow``), before that node is built; when it answers False for one,
+    nothing is built and the answer is ``UNDECIDED`` (the tag rule's storage test, made in the walk
+    that builds the tagged tree: a caller outside functorch transforms, whose wrappers have no storage
+    of their own).
 
-    The tree factory that writes tags: only :func:`tdtree._tags.retag` calls it. One call for the
-    whole tree, where a factory call per node cost about what the node's own writes do. It recurses
-    one frame a level (the common, shallow trees); a sub-tree below ``_DEEP`` levels is retagged from
-    an explicit stack, so a tree as deep as a nested dict gets is retagged at any recursion depth.
+    The tree factory that writes tags: only the tag rule (:mod:`tdtree._tags`) calls it. One
+    call for the whole tree, where a factory call per node cost about what the node's own writes do.
+    It recurses one frame a level (the common, shallow trees); a sub-tree below ``_DEEP`` levels is
+    retagged from an explicit stack, so a tree as deep as a nested dict gets is retagged at any
+    recursion depth.
     """
     if depth == _DEEP:
-        return _retagged_deep(node, cls, tags, variant)
+        return _retagged_deep(node, cls, tags, variant, only_if)
     data = node._data
     new = None
+    values = data.values()
     # a node of plain tensors alone (a flat node, each level of a nested one) is told by a count in C:
     # no sub-node to visit, and no loop over its leaves
-    entries: Iterable[tuple[str, Any]] = data.items()
-    if shallow or (len(data) >= FEW and all_plain(data.values(), len(data))):
-        entries = ()
-    for k, v in entries:
-        if type(v) is _Tensor or not isinstance(v, Node):
-            continue
-        out = retagged(v, cls, tags, variant, depth + 1)
-        if out is not None:
-            if new is None:  # the first changed sub-node: copy the entries once
-                new = data.copy()
-            new[k] = out
+    if shallow or (len(data) >= FEW and all_plain(values, len(data))):
+        if only_if is not None and not only_if(_storages(values) if shallow else map(_storage, values)):
+            return UNDECIDED
+    else:
+        tensors = []  # for only_if, picked here: an isinstance test in C costs more on a sub-node
+        for k, v in data.items():
+            if type(v) is _Tensor:
+                tensors.append(v)
+                continue
+            if not isinstance(v, Node):
+                if isinstance(v, _Tensor):
+                    tensors.append(v)
+                continue
+            out = retagged(v, cls, tags, variant, depth + 1, False, only_if)
+            if out is not None:
+                if out is UNDECIDED:
+                    return out
+                if new is None:  # the first changed sub-node: copy the entries once
+                    new = data.copy()
+                new[k] = out
+        if only_if is not None and not only_if(map(_storage, tensors)):
+            return UNDECIDED
     if new is None:
         if type(node)._tags == tags:
             return None
@@ -374,7 +341,13 @@ def _tagged_copy(
 _DEEP = 64  # levels retagged by recursion before the explicit stack takes over
 
 
-def _retagged_deep(node: Node, cls: type[Node], tags: frozenset, variant: Callable[[type, frozenset], Any]) -> Any:
+def _retagged_deep(
+    node: Node,
+    cls: type[Node],
+    tags: frozenset,
+    variant: Callable[[type, frozenset], Any],
+    only_if: Callable[[Iterable[torch.UntypedStorage]], bool] | None = None,
+) -> Any:
     """:func:`retagged` from an explicit stack: the nodes listed parents first, then rebuilt in reverse
     (every sub-node before the node holding it), each as :func:`retagged` rebuilds it."""
     order = [node]
@@ -383,6 +356,8 @@ def _retagged_deep(node: Node, cls: type[Node], tags: frozenset, variant: Callab
     done: dict[int, Any] = {}  # id of a node -> its retagged copy, for those that change
     for n in order[::-1]:
         data = n._data
+        if only_if is not None and not only_if(_storages(data.values())):
+            return UNDECIDED
         new = None
         for k, v in data.items():
             out = done.get(id(v))
@@ -406,7 +381,11 @@ def _retagged_traced(
     variant: Callable[[type, frozenset], Any],
     depth: int = 0,
     shallow: bool = False,
+    only_if: Callable[[Iterable[torch.UntypedStorage]], bool] | None = None,
 ) -> Any:
+    # compiled, the tag rule is _ruled_traced, which asks no only_if: the storage test is its own
+    if only_if is not None:
+        return UNDECIDED
     data = node._data
     new = None
     for k, v in () if shallow else data.items():

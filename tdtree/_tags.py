@@ -27,15 +27,14 @@ from typing import Any, TypeVar
 import optree
 import torch
 
+from ._argtypes import is_nodeless_type, is_tagged_type, is_untagged_type
 from ._base import (
     FEW,
     NO_TAGS,
+    UNDECIDED,
     Holder,
     Node,
     all_plain,
-    is_nodeless_type,
-    is_tagged_type,
-    is_untagged_type,
     memo,
     retagged,
 )
@@ -50,6 +49,7 @@ from ._torch_private import (
     storage_of,
     storages,
     substitute_in_graph,
+    transforms_active,
 )
 
 __all__ = [
@@ -126,16 +126,20 @@ def _ruled_one(out: Node, node: Node) -> Any:
         # a tensor on a new storage holding data decides, before any walk (the first new tensor of +,
         # clone, update)
         storage = storage_of(first)
-        plain = all_plain(values, len(data))
         if storage not in known.storages and holds_data(storage):
             # a factory's node untagged at every level already (of tensors alone, or told by one walk
             # of its sub-nodes: a new tree holds new ones) is the result as it is
-            if plain and not type(out)._tags or scan(out, NO_TAGS, []):
+            if all_plain(values, len(data)) and not type(out)._tags or scan(out, NO_TAGS, []):
                 return out
             return retag(out, NO_TAGS)
-        # views of the input's leaves (an index, a reshape) of a result without sub-nodes: the test of
-        # every storage in C, and only the root to retag
-        shallow = plain and known.storages.issuperset(storages(values))
+        if not transforms_active():
+            # views of the input's leaves (an index, a reshape): every level's storages tested in C,
+            # in the one walk that builds the tagged tree; a level that fails (a new storage, or one of
+            # zero bytes) leaves the decision to the walk below
+            decided = retagged(out, cls, common, variant, 0, False, known.storages.issuperset)
+            if decided is not UNDECIDED:
+                return out if decided is None else decided
+        shallow = False
     else:
         shallow = False
     if not shallow:

@@ -581,3 +581,38 @@ def test_a_new_tensor_among_sub_nodes_drops_the_tags_at_every_level() -> None:
     out = shared.set("z", torch.ones(2))
     assert tag_sets(shared) == {frozenset({tt.Shared})} and tag_sets(out) == {frozenset()}
     assert out["n", "c"] is td["n", "c"]
+
+
+def _chain(depth: int) -> dict:
+    """A nested dict ``depth`` levels deep, two leaves at each level and the next level under "n"."""
+    top: dict = {}
+    level = top
+    for i in range(depth):
+        level["a"], level["b"] = torch.full((2,), float(i)), torch.full((2, 3), float(i))
+        if i < depth - 1:
+            level = level.setdefault("n", {})
+    return top
+
+
+@pytest.mark.parametrize("depth", [1, 3, 70], ids=["flat", "nested", "past_the_recursion"])
+@pytest.mark.parametrize("at", ["root", "middle", "deepest"])
+@pytest.mark.parametrize(("kind", "keeps"), [("new", False), ("view", True), ("zero_byte", True)])
+def test_a_result_of_views_is_decided_by_a_leaf_at_any_level(depth: int, at: str, kind: str, keeps: bool) -> None:
+    """A result whose first leaves are views of the input's (an index, a reshape: the one walk that
+    tests every level's storages as it builds the tagged tree) is decided by one other leaf wherever it
+    sits, also below the levels retagged by recursion: a new storage holding data drops the tags at
+    every level, a view or a zero-byte tensor keeps them."""
+    td = tt.TensorDict(_chain(depth), batch_size=[2]).share_memory()
+    data = td.to_dict()
+    levels = [data]
+    while "n" in levels[-1]:
+        levels.append(levels[-1]["n"])
+    for level in levels:
+        level["a"], level["b"] = level["a"][:], level["b"][:]
+    level = levels[{"root": 0, "middle": depth // 2, "deepest": depth - 1}[at]]
+    level["b"] = {"new": torch.ones(2, 3), "view": level["b"][:, :1].expand(2, 3), "zero_byte": torch.zeros(2, 0)}[kind]
+    built = tt.TensorDict(data, batch_size=[2])
+    out = _returning(built)(td)
+    assert (_data_ptrs(out) <= _data_ptrs(td)) is keeps  # the storage rule, told by addresses
+    assert tag_sets(out) == {td.tags if keeps else frozenset()}
+    assert all(a is b for a, b in zip(out.values(True, True), built.values(True, True)))

@@ -19,7 +19,7 @@ from _tagsets import tag_sets
 
 import tdtree as tt
 import tdtree.optim as optim
-from tdtree._base import alike, from_meta, make, make_tagged, retagged, with_meta
+from tdtree._base import UNDECIDED, _retagged_traced, alike, from_meta, make, make_tagged, retagged, with_meta
 from tdtree._pytree import variant
 from tdtree._tags import tagged_type
 from tdtree.errors import LockedError
@@ -64,6 +64,46 @@ def test_result_factories_build_untagged_nodes_of_the_root_type() -> None:
     assert type(tree) is type(tree["n"]) is cls and tree.tags == tree["n"].tags == sh.tags
     tagged = make_tagged(cls, data, meta)
     assert type(tagged) is cls and tagged.tags == sh.tags
+
+
+@pytest.mark.parametrize("depth", [2, 70], ids=["recursed", "past_the_recursion"])
+def test_retagged_builds_only_when_every_node_s_storages_pass(depth: int) -> None:
+    """``only_if`` is asked of the storages of every node's tensors, the nodes already carrying the
+    tags too; one False answer anywhere and nothing comes back but UNDECIDED. The traced twin, which
+    no rule asks it of, never builds on it."""
+    top: dict[str, Any] = {}
+    level = top
+    for i in range(depth):
+        level["x"] = torch.full((4,), float(i))
+        if i < depth - 1:
+            level = level.setdefault("n", {})
+    plain = tt.TensorDict(top, [4])
+    sh = plain.share_memory()
+    cls = type(sh)
+    leaves = list(plain.values(include_nested=True, leaves_only=True))
+    for tree in (plain, sh):
+        asked: list[list[torch.UntypedStorage]] = []
+
+        def record(storages: Any, asked: list = asked) -> bool:
+            asked.append(list(storages))
+            return True
+
+        out = retagged(tree, cls, sh.tags, variant, 0, False, record)
+        own = [t.untyped_storage().data_ptr() for t in tree.values(include_nested=True, leaves_only=True)]
+        assert sorted(s.data_ptr() for level in asked for s in level) == sorted(own) and len(asked) == depth
+        if tree is sh:
+            assert out is None  # every node carries the tags already: nothing to build
+        else:
+            assert tag_sets(out) == {sh.tags}
+            assert all(a is b for a, b in zip(out.values(True, True), leaves))
+    for refused in (0, depth - 1):  # the root's storages, the deepest node's
+        ptr = leaves[refused].untyped_storage().data_ptr()
+
+        def refuse(storages: Any, ptr: int = ptr) -> bool:
+            return all(s.data_ptr() != ptr for s in storages)
+
+        assert retagged(plain, cls, sh.tags, variant, 0, False, refuse) is UNDECIDED
+    assert _retagged_traced(plain, cls, sh.tags, variant, 0, False, lambda storages: True) is UNDECIDED
 
 
 # -- tt.tree ----------------------------------------------------------------------------------------
