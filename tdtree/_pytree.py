@@ -13,6 +13,7 @@ must never claim a batch size its leaves do not have.
 
 from __future__ import annotations
 
+import copyreg
 import itertools
 from collections.abc import Iterable
 from typing import Any
@@ -143,6 +144,35 @@ def _refused_init(self: Any, *args: Any, **kwargs: Any) -> None:
     raise refuse_tagged(cls, f"{cls.__name__}(...)")
 
 
+class _Tagged(type):
+    """The metaclass of the tagged variants, which lets a variant pickle (a tree spec holds it) as the
+    call that gives it back in any process: ``tagged_type(root, tags)``, the root pickled by name.
+
+    The variants alone have it: a metaclass of its own makes every ``isinstance(x, cls)`` that is
+    False go through ``__instancecheck__``, and the walks ask that of the root types on every leaf.
+    """
+
+
+_TAGGED_METAS: dict[type, type] = {type: _Tagged}
+
+
+def _reduce_tagged(cls: Any) -> tuple[Any, tuple[type, tuple[Tag, ...]]]:
+    return tagged_type, (cls._root, tuple(sorted(cls._tags)))
+
+
+copyreg.pickle(_Tagged, _reduce_tagged)
+
+
+def _tagged_meta(meta: type) -> type:
+    """The metaclass of the variants of a root type whose metaclass is ``meta`` (``type``, or the root's
+    own: a metaclass of the two, registered with copyreg as pickle looks metaclasses up by type)."""
+    found = _TAGGED_METAS.get(meta)
+    if found is None:
+        found = _TAGGED_METAS[meta] = type(f"_Tagged{meta.__name__}", (_Tagged, meta), {})
+        copyreg.pickle(found, _reduce_tagged)
+    return found
+
+
 def tagged_type(root: type, tags: Iterable[Tag]) -> type:
     """The node type ``root`` with exactly ``tags``, made and registered once."""
     tags = frozenset(tags)
@@ -160,7 +190,7 @@ def tagged_type(root: type, tags: Iterable[Tag]) -> type:
     parents = tuple(tagged_type(b, tags) for b in root.__bases__ if b.__dict__.get("_root") is b)
     bases = tuple(tagged_type(root, tags - {t}) for t in order) + parents
     name = f"{root.__name__}[{', '.join(t.name for t in order)}]"
-    cls = type(root)(
+    cls = _tagged_meta(type(root))(
         name,
         bases,
         {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import abc
+import itertools
 import pickle
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
@@ -11,6 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing  # noqa: F401  (registers the tensor reductions with ForkingPickler)
 import torch.utils._pytree as torch_pytree
+from _fresh import fresh_python
 from _tagsets import tag_sets
 
 import tdtree as tt
@@ -616,3 +619,37 @@ def test_a_result_of_views_is_decided_by_a_leaf_at_any_level(depth: int, at: str
     assert (_data_ptrs(out) <= _data_ptrs(td)) is keeps  # the storage rule, told by addresses
     assert tag_sets(out) == {td.tags if keeps else frozenset()}
     assert all(a is b for a, b in zip(out.values(True, True), built.values(True, True)))
+
+
+class _Abstract(tt.TensorDict, metaclass=abc.ABCMeta):
+    """A root type with a metaclass of its own: its variants' metaclass is one of the two."""
+
+
+_TAG_SETS = [tags for n in (1, 2, 3) for tags in itertools.combinations([tt.Locked, tt.Shared, tt.Memmap], n)]
+
+
+# torch warns on unpickling any of its tree specs (a plain dict's too)
+@pytest.mark.filterwarnings("ignore:`isinstance\\(treespec, LeafSpec\\)` is deprecated:FutureWarning")
+@pytest.mark.parametrize("root", [tt.TensorDict, _Sub, _Abstract])
+@pytest.mark.parametrize("tags", _TAG_SETS, ids=lambda tags: "+".join(t.name for t in tags))
+def test_a_tagged_type_pickles_as_itself_and_so_do_the_tree_specs_holding_it(root: type, tags: tuple) -> None:
+    """A tagged type pickles by its root and tags at every protocol, so a tree spec of a tagged node
+    (optree's, torch's) pickles too; unpickled, it is the same type, and the spec the same spec."""
+    cls = root[tags]
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(cls, protocol)) is cls
+    node = make_tagged(cls, {"a": torch.zeros(2)}, (("a",), torch.Size([2]), None, frozenset(tags)))
+    assert type(node) is cls
+    for spec in (optree.tree_structure(node, namespace="tdtree"), torch_pytree.tree_structure(node)):
+        again = pickle.loads(pickle.dumps(spec))
+        assert again == spec
+        assert again.unflatten([torch.ones(2)])["a"].tolist() == [1.0, 1.0]
+
+
+def test_a_tagged_type_unpickles_in_a_process_that_never_made_it() -> None:
+    """The variant is made again on unpickling, in a process where no node carried those tags."""
+    data = pickle.dumps(tt.TensorDict[tt.Locked, tt.Memmap])
+    code = f"import pickle; cls = pickle.loads({data!r}); print(cls.__name__, cls._root.__name__)"
+    run = fresh_python(code, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["TensorDict[Locked,", "Memmap]", "TensorDict"]
