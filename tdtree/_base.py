@@ -297,13 +297,11 @@ def retagged(
         if only_if is not None and not only_if(_storages(values) if shallow else map(_storage, values)):
             return UNDECIDED
     else:
-        tensors = []  # for only_if, picked here: an isinstance test in C costs more on a sub-node
+        # the tensors for only_if, picked here: an isinstance test in C costs more on a sub-node
+        tensors: list[torch.Tensor] | None = None if only_if is None else []
         for k, v in data.items():
-            if type(v) is _Tensor:
-                tensors.append(v)
-                continue
-            if not isinstance(v, Node):
-                if isinstance(v, _Tensor):
+            if type(v) is _Tensor or not isinstance(v, Node):
+                if tensors is not None and isinstance(v, _Tensor):
                     tensors.append(v)
                 continue
             out = retagged(v, cls, tags, variant, depth + 1, False, only_if)
@@ -313,7 +311,7 @@ def retagged(
                 if new is None:  # the first changed sub-node: copy the entries once
                     new = data.copy()
                 new[k] = out
-        if only_if is not None and not only_if(map(_storage, tensors)):
+        if tensors is not None and only_if is not None and not only_if(map(_storage, tensors)):
             return UNDECIDED
     if new is None:
         if type(node)._tags == tags:

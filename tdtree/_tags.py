@@ -120,9 +120,8 @@ def _ruled_one(out: Node, node: Node) -> Any:
         else:
             own = ids.issuperset(map(id, values))
             first = None if own else next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
-    if own:
-        shallow = known.uniform
-    elif isinstance(first, _Tensor):
+    shallow = own and known.uniform
+    if isinstance(first, _Tensor):
         # a tensor on a new storage holding data decides, before any walk (the first new tensor of +,
         # clone, update)
         storage = storage_of(first)
@@ -139,9 +138,6 @@ def _ruled_one(out: Node, node: Node) -> Any:
             decided = retagged(out, cls, common, variant, 0, False, known.storages.issuperset)
             if decided is not UNDECIDED:
                 return out if decided is None else decided
-        shallow = False
-    else:
-        shallow = False
     if not shallow:
         leaves: list[torch.Tensor] = []
         subs: list[Node] = []
