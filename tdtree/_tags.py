@@ -121,7 +121,7 @@ def _ruled_one(out: Node, node: Node) -> Any:
             own = ids.issuperset(map(id, values))
             first = None if own else next(compress(values, map(not_, map(ids.__contains__, map(id, values)))))
     shallow = own and known.uniform
-    if isinstance(first, _Tensor):
+    if not own and isinstance(first, _Tensor):  # isinstance costs more on None than on a tensor
         # a tensor on a new storage holding data decides, before any walk (the first new tensor of +,
         # clone, update)
         storage = storage_of(first)
