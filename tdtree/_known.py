@@ -16,7 +16,7 @@ import torch
 from ._base import FEW, Node, all_plain
 from ._torch_private import holds_data, storage_id, storage_of, storage_set, storages
 
-__all__ = ["storage_key", "Known", "holds_new", "scan"]
+__all__ = ["storage_key", "Known", "holds_new", "scan", "untagged_throughout"]
 
 _Tensor = torch.Tensor
 
@@ -142,3 +142,21 @@ def scan(node: Node, tags: frozenset, out: list[torch.Tensor], nodes: list[Node]
             if not above:
                 return uniform
             values = above.pop()
+
+
+def untagged_throughout(node: Node) -> bool:
+    """Whether no node of ``node``'s tree carries a tag: :func:`scan` for no tags, without collecting
+    the leaves (a tensor entry costs one type test)."""
+    if type(node)._tags:
+        return False
+    todo = [node]
+    while todo:
+        data = todo.pop()._data
+        if len(data) >= FEW and all_plain(data.values(), len(data)):
+            continue
+        for v in data.values():
+            if type(v) is not _Tensor and isinstance(v, Node):
+                if type(v)._tags:
+                    return False
+                todo.append(v)
+    return True

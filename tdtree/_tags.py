@@ -38,7 +38,7 @@ from ._base import (
     memo,
     retagged,
 )
-from ._known import Known, holds_new, scan, storage_key
+from ._known import Known, holds_new, scan, storage_key, untagged_throughout
 from ._pytree import NAMESPACE, refuse_tagged, tagged_type, variant
 from ._tagnames import Locked, Memmap, Shared, Tag, tag_named
 from ._torch_private import (
@@ -128,7 +128,7 @@ def _ruled_one(out: Node, node: Node) -> Any:
         if storage not in known.storages and holds_data(storage):
             # a factory's node untagged at every level already (of tensors alone, or told by one walk
             # of its sub-nodes: a new tree holds new ones) is the result as it is
-            if all_plain(values, len(data)) and not type(out)._tags or scan(out, NO_TAGS, []):
+            if all_plain(values, len(data)) and not type(out)._tags or untagged_throughout(out):
                 return out
             return retag(out, NO_TAGS)
         if not transforms_active():
